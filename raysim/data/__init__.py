@@ -1,0 +1,30 @@
+"""Data layer: base datasets, federated partitioning and the zero-copy population container."""
+
+from raysim.data.describe import describe
+from raysim.data.federated import FederatedDataset, build_federated_dataset
+from raysim.data.partition import (
+    allocate_dirichlet,
+    allocate_iid,
+    apply_shift,
+    cluster_assignment,
+    sizes_from_ratios,
+    split_train_test,
+)
+from raysim.data.sources import BaseData, DataNotFoundError, load_base
+from raysim.data.synthetic import make_synthetic_linear
+
+__all__ = [
+    "BaseData",
+    "DataNotFoundError",
+    "FederatedDataset",
+    "allocate_dirichlet",
+    "allocate_iid",
+    "apply_shift",
+    "build_federated_dataset",
+    "cluster_assignment",
+    "describe",
+    "load_base",
+    "make_synthetic_linear",
+    "sizes_from_ratios",
+    "split_train_test",
+]

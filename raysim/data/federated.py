@@ -1,0 +1,239 @@
+"""The federated population: one columnar table, sliced per client without copies.
+
+Storage choice. The population is one ``pyarrow.Table`` (``x``: FixedSizeList<float32> of the
+flattened features, ``y``, ``source_index``) plus small numpy metadata. Ray pickles with protocol 5
+and hands every Arrow buffer (and numpy array) out of band, so ``ray.put(fd)`` writes the column
+buffers into the object store once and ``ray.get`` in any worker maps them back without a copy:
+the numpy views returned by :meth:`FederatedDataset.client_train` point straight into the shared
+plasma memory (``tests/test_data_ray.py`` checks the address lies in ``/dev/shm/plasma*`` and is
+the same across two ``ray.get`` calls). The derived numpy views are dropped when pickling, or the
+data would travel twice.
+
+The views are read-only (Arrow buffers are immutable): copy before mutating. ``torch.from_numpy``
+warns on read-only arrays; use ``torch.tensor(x)`` (one copy per batch) or
+``torch.from_numpy(x.copy())``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from raysim.config import DataConfig
+from raysim.data.partition import (
+    allocate_dirichlet,
+    allocate_iid,
+    apply_shift,
+    cluster_assignment,
+    split_train_test,
+)
+from raysim.data.seeding import rng_for
+from raysim.data.sources import BaseData, load_base
+from raysim.data.synthetic import make_synthetic_linear
+
+_VIEWS = ("_x", "_y")
+
+
+@dataclass(eq=False)
+class FederatedDataset:
+    """All clients' data; rows ordered by client, each client's train rows then its test rows."""
+
+    table: pa.Table  # x: fixed_size_list<float32>[prod(feature_shape)], y, source_index
+    offsets: np.ndarray  # (num_clients + 1,) int64: client i owns rows offsets[i]:offsets[i+1]
+    num_train: np.ndarray  # (num_clients,) int64: the first num_train[i] rows of i are train
+    true_cluster: np.ndarray  # (num_clients,) int64
+    feature_shape: tuple[int, ...]
+    num_classes: int  # 0 for regression
+    task: str  # "classification" | "regression"
+    dataset: str
+    meta: dict[str, Any] = field(default_factory=dict)  # provenance: seed, shift, true params...
+
+    def __post_init__(self) -> None:
+        if any(self.table.column(c).num_chunks != 1 for c in self.table.column_names):
+            self.table = self.table.combine_chunks()
+        self.offsets = np.asarray(self.offsets, dtype=np.int64)
+        self.num_train = np.asarray(self.num_train, dtype=np.int64)
+        self.true_cluster = np.asarray(self.true_cluster, dtype=np.int64)
+        self.feature_shape = tuple(int(s) for s in self.feature_shape)
+        n = len(self.true_cluster)
+        if self.offsets.shape != (n + 1,) or self.num_train.shape != (n,):
+            raise ValueError("offsets / num_train / true_cluster disagree on the number of clients")
+        if self.offsets[0] != 0 or self.offsets[-1] != self.table.num_rows:
+            raise ValueError("offsets must run from 0 to the number of rows")
+        if np.any(self.num_train < 0) or np.any(self.num_train > np.diff(self.offsets)):
+            raise ValueError("num_train must lie between 0 and each client's size")
+        self._attach_views()
+
+    def _attach_views(self) -> None:
+        x = self.table.column("x").chunk(0).flatten().to_numpy(zero_copy_only=True)
+        self._x = x.reshape(self.table.num_rows, *self.feature_shape)
+        self._y = self.table.column("y").chunk(0).to_numpy(zero_copy_only=True)
+
+    # Pickle (and so ray.put) the table and metadata only; views are rebuilt on arrival.
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in _VIEWS}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._attach_views()
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.true_cluster)
+
+    @property
+    def num_clusters(self) -> int:
+        return int(self.true_cluster.max()) + 1
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @property
+    def train_sizes(self) -> np.ndarray:
+        return self.num_train.copy()
+
+    @property
+    def test_sizes(self) -> np.ndarray:
+        return self.sizes - self.num_train
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.table.nbytes)
+
+    def clients_of_cluster(self, k: int) -> np.ndarray:
+        return np.flatnonzero(self.true_cluster == k)
+
+    def client_train(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Client i's training ``(x, y)``: read-only views, x shaped (n, *feature_shape)."""
+        lo = self.offsets[i]
+        hi = lo + self.num_train[i]
+        return self._x[lo:hi], self._y[lo:hi]
+
+    def client_test(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Client i's local test ``(x, y)``: read-only views."""
+        lo = self.offsets[i] + self.num_train[i]
+        hi = self.offsets[i + 1]
+        return self._x[lo:hi], self._y[lo:hi]
+
+    def client_source_index(self, i: int) -> np.ndarray:
+        """Pool index of each of client i's rows (train then test): for tests and debugging."""
+        col = self.table.column("source_index").chunk(0).to_numpy(zero_copy_only=True)
+        return col[self.offsets[i] : self.offsets[i + 1]]
+
+    # --------------------------------------------------------------------------- persistence
+
+    def to_parquet(self, path: str) -> None:
+        """Write the table with all metadata in the Parquet schema (one self-contained file)."""
+        import pyarrow.parquet as pq
+
+        header = {
+            "offsets": self.offsets.tolist(),
+            "num_train": self.num_train.tolist(),
+            "true_cluster": self.true_cluster.tolist(),
+            "feature_shape": list(self.feature_shape),
+            "num_classes": self.num_classes,
+            "task": self.task,
+            "dataset": self.dataset,
+            "meta": {k: np.asarray(v).tolist() for k, v in self.meta.items()},
+        }
+        table = self.table.replace_schema_metadata({"raysim": json.dumps(header)})
+        pq.write_table(table, path)
+
+    @classmethod
+    def from_parquet(cls, path: str) -> FederatedDataset:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        header = json.loads(table.schema.metadata[b"raysim"])
+        meta = {
+            k: v if not isinstance(v, list) else np.asarray(v) for k, v in header["meta"].items()
+        }
+        return cls(
+            table=table.replace_schema_metadata(None),
+            offsets=np.asarray(header["offsets"]),
+            num_train=np.asarray(header["num_train"]),
+            true_cluster=np.asarray(header["true_cluster"]),
+            feature_shape=tuple(header["feature_shape"]),
+            num_classes=header["num_classes"],
+            task=header["task"],
+            dataset=header["dataset"],
+            meta=meta,
+        )
+
+
+def make_table(x: np.ndarray, y: np.ndarray, source_index: np.ndarray) -> pa.Table:
+    """Columnar population table; wraps the numpy buffers without copying them."""
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(len(x), -1)
+    xcol = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
+    return pa.table(
+        {
+            "x": xcol,
+            "y": pa.array(np.ascontiguousarray(y)),
+            "source_index": pa.array(np.asarray(source_index, dtype=np.int64)),
+        }
+    )
+
+
+def _allocate(cfg: DataConfig, base: BaseData, seed: int) -> np.ndarray:
+    if cfg.dirichlet_alpha is None:
+        return allocate_iid(
+            len(base), cfg.num_clients, cfg.samples_per_client, rng_for(seed, "allocate")
+        )
+    return allocate_dirichlet(
+        base.y,
+        cfg.num_clients,
+        cfg.samples_per_client,
+        cfg.dirichlet_alpha,
+        rng_for(seed, "dirichlet"),
+        num_classes=base.num_classes,
+    )
+
+
+def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
+    """The population a run trains on, fully determined by ``(cfg, seed)``.
+
+    Clusters (``cluster_sizes``/``cluster_ratios``), then per-client samples (uniform or
+    Dirichlet label skew), each client's shuffled ``train_fraction`` split, then the shift of
+    cluster k (rotation by k*90 degrees or labels (y+k) mod C). Raises ``DataNotFoundError`` when
+    files are missing and ``ValueError`` naming the ``data.*`` field when the request can't be met.
+    """
+    clusters = cluster_assignment(cfg.num_clients, cfg.cluster_sizes, cfg.cluster_ratios)
+    meta: dict[str, Any] = {"seed": int(seed), "shift": cfg.shift}
+    if cfg.dataset == "synthetic_linear":
+        if cfg.dirichlet_alpha is not None:
+            raise ValueError(
+                "data.dirichlet_alpha: label skew needs class labels; synthetic_linear is "
+                "regression (its clusters differ by their true weights)"
+            )
+        syn = make_synthetic_linear(clusters, cfg, seed)
+        base = syn.data
+        n = syn.samples_per_client
+        allocation = np.arange(len(base), dtype=np.int64).reshape(cfg.num_clients, n)
+        meta.update(true_weights=syn.weights, true_bias=syn.bias)
+    else:
+        base = load_base(cfg.dataset, cfg.root, seed, cfg)
+        allocation = _allocate(cfg, base, seed)
+        if cfg.dirichlet_alpha is not None:
+            meta["dirichlet_alpha"] = cfg.dirichlet_alpha
+    rows, offsets, num_train = split_train_test(
+        list(allocation), cfg.train_fraction, rng_for(seed, "split")
+    )
+    x, y = base.x[rows], base.y[rows]
+    if base.task == "classification":
+        apply_shift(x, y, np.repeat(clusters, np.diff(offsets)), cfg.shift, base.num_classes)
+    return FederatedDataset(
+        table=make_table(x, y, rows),
+        offsets=offsets,
+        num_train=num_train,
+        true_cluster=clusters,
+        feature_shape=base.x.shape[1:],
+        num_classes=base.num_classes,
+        task=base.task,
+        dataset=cfg.dataset,
+        meta=meta,
+    )

