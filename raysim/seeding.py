@@ -1,0 +1,34 @@
+"""Every random draw comes from a generator keyed by (run seed, round, client, purpose).
+
+That key, not the worker or node a computation lands on, decides the bits: a shard re-run
+elsewhere, or split differently over workers, gives the same result.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import torch
+
+SERVER = -1  # the "client" index of draws made by the server / coordinator
+
+
+def _purpose_code(purpose: str) -> int:
+    return zlib.crc32(purpose.encode())
+
+
+def seed_sequence(seed: int, round: int, client: int, purpose: str) -> np.random.SeedSequence:
+    # SeedSequence entropy must be non-negative: shift the client index (SERVER = -1 -> 0).
+    return np.random.SeedSequence([seed, round, client + 1, _purpose_code(purpose)])
+
+
+def numpy_rng(seed: int, round: int, client: int, purpose: str) -> np.random.Generator:
+    return np.random.default_rng(seed_sequence(seed, round, client, purpose))
+
+
+def torch_generator(seed: int, round: int, client: int, purpose: str) -> torch.Generator:
+    state = seed_sequence(seed, round, client, purpose).generate_state(1, dtype=np.uint64)[0]
+    gen = torch.Generator()
+    gen.manual_seed(int(state) & 0x7FFF_FFFF_FFFF_FFFF)
+    return gen

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import pytest
+
+from raysim.config import ConfigError, load_config
+
+
+def test_defaults_and_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("rounds: 3\ndata:\n  dataset: digits\n  num_clients: 21\n")
+    cfg = load_config(path, ["data.cluster_sizes=[3, 6, 6, 6]", "privacy.epsilon=2", "seed=7"])
+    assert cfg.rounds == 3 and cfg.seed == 7
+    assert cfg.data.cluster_sizes == [3, 6, 6, 6] and cfg.data.num_clusters == 4
+    assert cfg.privacy.epsilon == 2.0
+
+
+def test_algorithm_parameters_pass_through():
+    cfg = load_config(None, ["algorithm.name=rr_cluster", "algorithm.B=8"])
+    assert cfg.algorithm.model_extra == {"B": 8}
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("data.dataset=cifar100", "data.dataset"),
+        ("privacy.epsilon=0", "privacy.epsilon"),
+        ("privacy.epsilon=-1", "privacy.epsilon"),
+        ("privacy.delta=1.5", "privacy.delta"),
+        ("privacy.delta=0", "privacy.delta"),
+        ("training.sampling_rate=0", "training.sampling_rate"),
+        ("training.sampling_rate=1.5", "training.sampling_rate"),
+        ("rounds=0", "rounds"),
+        ("data.num_clients=-3", "data.num_clients"),
+        ("runtime.gpus_per_worker=1.5", "runtime.gpus_per_worker"),
+        ("runtime.gpus_per_worker=0", "runtime.gpus_per_worker"),
+        ("data.shift=flip", "data.shift"),
+        ("data.root=/nonexistent/dir", "data.root"),
+        ("training.bogus=1", "training.bogus"),
+    ],
+)
+def test_bad_values_name_the_field(override, field):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert field in str(err.value)
+
+
+def test_cluster_sizes_must_add_up():
+    with pytest.raises(ConfigError, match="cluster_sizes"):
+        load_config(None, ["data.num_clients=20", "data.cluster_sizes=[3,6,6,6]"])
+
+
+def test_client_level_delta_bound():
+    with pytest.raises(ConfigError, match="privacy.delta"):
+        load_config(None, ["privacy.mode=client", "data.num_clients=100", "privacy.delta=0.05"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rounds: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
