@@ -1,0 +1,335 @@
+"""Privacy accounting on Google's ``dp_accounting``: DpEvents for each mechanism and epsilon.
+
+Mechanisms are described as ``DpEvent`` trees (composition, subsampling, Gaussian noise) and a
+single function turns a tree into (epsilon, delta) with either the RDP or the PLD accountant.
+
+Neighbouring relations (what "one unit of privacy" means):
+
+* Poisson sampling (DP-SGD batches, client sampling at rate q) is accounted under
+  ADD_OR_REMOVE_ONE: the neighbouring dataset has one record (sample or client) more or less.
+  This is the relation of Opacus and of the TF-privacy RDP accountant R-DPCFL uses.
+* Fixed-size client sampling without replacement (RR-Cluster Theorem 1, amplification of Wang,
+  Balle and Kasiviswanathan 2019) is only valid under REPLACE_ONE: the population size is public
+  and a neighbour swaps one client for another. dp_accounting enforces this, so noise multipliers
+  for such events must be std / (replace-one sensitivity).
+* Events without sampling take the relation of the tree they are in (ADD_OR_REMOVE_ONE alone).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import attr
+import dp_accounting as dpa
+import numpy as np
+from dp_accounting.pld import common as pld_common
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from raysim.privacy.errors import PrivacyConfigError
+
+
+class _QuietNonConvergence(logging.Filter):
+    """dp_accounting warns when a fractional RDP order fails to converge and drops that order:
+    the bound stays valid (other orders remain), and calibration probes many such points."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "failed to converge" not in str(record.msg)
+
+
+logging.getLogger("absl").addFilter(_QuietNonConvergence())
+
+__all__ = [
+    "AccountantKind",
+    "BoundedRangeDpEvent",
+    "Phase",
+    "central_event",
+    "central_round_event",
+    "d_privacy_leakage",
+    "delta_for",
+    "dpsgd_event",
+    "epsilon",
+    "make_accountant",
+    "neighboring_relation",
+    "rdpcfl_phases",
+    "selection_event",
+]
+
+AccountantKind = Literal["rdp", "pld"]
+NeighborRel = dpa.NeighboringRelation
+
+# PLD discretization: 1e-4 is dp_accounting's default; errors stay pessimistic (upper bounds).
+PLD_DISCRETIZATION = 1e-4
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A stretch of ``steps`` DP-SGD steps at Poisson rate ``sampling_rate`` (1 = full batch)."""
+
+    sampling_rate: float
+    steps: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.sampling_rate <= 1:
+            raise PrivacyConfigError(f"sampling_rate must be in (0, 1], got {self.sampling_rate}")
+        if self.steps < 0 or int(self.steps) != self.steps:
+            raise PrivacyConfigError(f"steps must be a non-negative integer, got {self.steps}")
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class BoundedRangeDpEvent(dpa.DpEvent):
+    """One run of the exponential mechanism with parameter ``epsilon`` (it is epsilon-BR).
+
+    RDP: epsilon-bounded-range implies (epsilon^2/8)-zCDP (Cesar and Rogers 2021), and pure
+    epsilon-DP caps every Renyi divergence at epsilon, so RDP(alpha) = min(alpha*eps^2/8, eps).
+    PLD: the dominating pair of pure epsilon-DP (randomized response), which is valid but ignores
+    the bounded-range refinement. A custom event because the stock ``ZCDpEvent`` has no PLD.
+    """
+
+    epsilon: float
+
+
+class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):
+    """dp_accounting's RDP accountant that also understands :class:`BoundedRangeDpEvent`."""
+
+    def _maybe_compose(self, event, count, do_compose):
+        if isinstance(event, BoundedRangeDpEvent):
+            if do_compose:
+                eps = event.epsilon
+                self._rdp += count * np.minimum(self._orders * eps * eps / 8.0, eps)
+            return None
+        return super()._maybe_compose(event, count, do_compose)
+
+
+def _gaussian_composition_multiplier(event: dpa.DpEvent) -> float | None:
+    """Noise multiplier of the single Gaussian equivalent to a composition of Gaussians.
+
+    Gaussians with multipliers z_i released on the same data are one Gaussian with
+    1/z^2 = sum 1/z_i^2 (McMahan et al. 2018, sec. 3). None if the tree holds anything else.
+    """
+    if isinstance(event, dpa.GaussianDpEvent):
+        return event.noise_multiplier
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        z = _gaussian_composition_multiplier(event.event)
+        return None if z is None else z / math.sqrt(event.count)
+    if isinstance(event, dpa.ComposedDpEvent):
+        zs = [_gaussian_composition_multiplier(e) for e in event.events]
+        if any(z is None for z in zs):
+            return None
+        return sum(z**-2 for z in zs) ** -0.5
+    return None
+
+
+class _PldAccountant(pld_privacy_accountant.PLDAccountant):
+    """dp_accounting's PLD accountant plus bounded-range events and sampled Gaussian groups."""
+
+    def privacy_loss_distribution(self) -> pld_lib.PrivacyLossDistribution | None:
+        """The composed PLD; None once a non-private event was composed (epsilon = inf)."""
+        return None if self._contains_non_dp_event else self._pld
+
+    def _maybe_compose(self, event, count, do_compose):
+        if isinstance(event, BoundedRangeDpEvent):
+            if do_compose:
+                params = pld_common.DifferentialPrivacyParameters(event.epsilon, 0.0)
+                pld = pld_lib.from_privacy_parameters(params, self._value_discretization_interval)
+                self._pld = self._pld.compose(pld.self_compose(count))
+            return None
+        if isinstance(event, dpa.PoissonSampledDpEvent) and not isinstance(
+            event.event, dpa.GaussianDpEvent
+        ):
+            z = _gaussian_composition_multiplier(event.event)
+            if z is not None:
+                flat = dpa.PoissonSampledDpEvent(event.sampling_probability, dpa.GaussianDpEvent(z))
+                return super()._maybe_compose(flat, count, do_compose)
+        return super()._maybe_compose(event, count, do_compose)
+
+
+def _walk(event: dpa.DpEvent):
+    yield event
+    if isinstance(event, dpa.ComposedDpEvent):
+        for e in event.events:
+            yield from _walk(e)
+    elif hasattr(event, "event"):
+        yield from _walk(event.event)
+
+
+def neighboring_relation(event: dpa.DpEvent) -> NeighborRel:
+    """The relation an event must be accounted under (see module docstring)."""
+    kinds = {type(e) for e in _walk(event)}
+    if dpa.SampledWithoutReplacementDpEvent in kinds:
+        if dpa.PoissonSampledDpEvent in kinds:
+            raise PrivacyConfigError(
+                "an event mixes Poisson sampling (add/remove-one relation) with fixed-size "
+                "sampling without replacement (replace-one relation); account them separately"
+            )
+        return NeighborRel.REPLACE_ONE
+    return NeighborRel.ADD_OR_REMOVE_ONE
+
+
+def make_accountant(
+    kind: AccountantKind = "rdp", relation: NeighborRel = NeighborRel.ADD_OR_REMOVE_ONE
+) -> dpa.PrivacyAccountant:
+    """A fresh accountant of ``kind`` ("rdp" with dp_accounting's default orders, or "pld")."""
+    if kind == "rdp":
+        return _RdpAccountant(neighboring_relation=relation)
+    if kind == "pld":
+        return _PldAccountant(relation, value_discretization_interval=PLD_DISCRETIZATION)
+    raise PrivacyConfigError(f"accountant must be 'rdp' or 'pld', got {kind!r}")
+
+
+def _accountant_for(event: dpa.DpEvent, kind: AccountantKind) -> dpa.PrivacyAccountant:
+    accountant = make_accountant(kind, neighboring_relation(event))
+    try:
+        return accountant.compose(event)
+    except dpa.UnsupportedEventError as err:
+        raise PrivacyConfigError(f"the {kind} accountant cannot account this event: {err}") from err
+
+
+def _check_delta(delta: float) -> None:
+    if not 0 < delta < 1:
+        raise PrivacyConfigError(f"delta must be in (0, 1), got {delta}")
+
+
+def epsilon(event: dpa.DpEvent, delta: float, accountant: AccountantKind = "rdp") -> float:
+    """Epsilon of ``event`` at ``delta`` (an upper bound for both accountants)."""
+    _check_delta(delta)
+    return float(_accountant_for(event, accountant).get_epsilon(delta))
+
+
+def delta_for(event: dpa.DpEvent, epsilon: float, accountant: AccountantKind = "rdp") -> float:
+    """Delta of ``event`` at ``epsilon``."""
+    if not epsilon >= 0:
+        raise PrivacyConfigError(f"epsilon must be >= 0, got {epsilon}")
+    return float(_accountant_for(event, accountant).get_delta(epsilon))
+
+
+def _gaussian(noise_multiplier: float) -> dpa.GaussianDpEvent:
+    if not noise_multiplier > 0:
+        raise PrivacyConfigError(f"noise multiplier must be > 0, got {noise_multiplier}")
+    return dpa.GaussianDpEvent(float(noise_multiplier))
+
+
+def dpsgd_event(phases: Sequence[Phase], noise_multiplier: float) -> dpa.DpEvent:
+    """Sample-level DP-SGD: each phase is ``steps`` Poisson-sampled Gaussian steps.
+
+    A phase at rate 1 (full batch, R-DPCFL round 1) is plain Gaussian steps: no amplification.
+    """
+    gaussian = _gaussian(noise_multiplier)
+    parts: list[dpa.DpEvent] = []
+    for phase in phases:
+        if phase.steps == 0:
+            continue
+        step = (
+            gaussian
+            if phase.sampling_rate == 1
+            else dpa.PoissonSampledDpEvent(float(phase.sampling_rate), gaussian)
+        )
+        parts.append(dpa.SelfComposedDpEvent(step, int(phase.steps)))
+    if not parts:
+        return dpa.NoOpDpEvent()
+    return parts[0] if len(parts) == 1 else dpa.ComposedDpEvent(parts)
+
+
+def rdpcfl_phases(
+    dataset_size: int,
+    batch_size: int,
+    local_epochs: int,
+    rounds: int,
+    full_first_round: bool = True,
+) -> list[Phase]:
+    """R-DPCFL's schedule for one client (Alg. 1): round 1 full batch, then Poisson batches.
+
+    Round 1 takes ``local_epochs`` full-batch steps (q = 1); each later round takes
+    ``local_epochs * ceil(N / b)`` steps at rate b / N (expected batch b), Opacus' convention.
+    """
+    if dataset_size < 1 or batch_size < 1 or local_epochs < 0 or rounds < 0:
+        raise PrivacyConfigError(
+            f"invalid schedule: N={dataset_size}, b={batch_size}, K={local_epochs}, E={rounds}"
+        )
+    q = min(1.0, batch_size / dataset_size)
+    per_round = local_epochs * math.ceil(dataset_size / batch_size)
+    if not full_first_round:
+        return [Phase(q, per_round * rounds)]
+    return [Phase(1.0, local_epochs * min(rounds, 1)), Phase(q, per_round * max(rounds - 1, 0))]
+
+
+def selection_event(epsilon: float, count: int) -> dpa.DpEvent:
+    """``count`` exponential-mechanism selections at ``epsilon`` each (see BoundedRangeDpEvent)."""
+    if count < 0:
+        raise PrivacyConfigError(f"count must be >= 0, got {count}")
+    if count == 0:
+        return dpa.NoOpDpEvent()
+    if not epsilon > 0:
+        raise PrivacyConfigError(f"selection epsilon must be > 0, got {epsilon}")
+    return dpa.SelfComposedDpEvent(BoundedRangeDpEvent(float(epsilon)), int(count))
+
+
+def central_round_event(
+    sampling_rate: float,
+    model_noise_multiplier: float,
+    id_noise_multiplier: float | None = None,
+    sampling: Literal["poisson", "without_replacement"] = "poisson",
+    population: int | None = None,
+    cohort: int | None = None,
+) -> dpa.DpEvent:
+    """One round of client-level central DP (RR-Cluster, Theorem 1).
+
+    The round releases the identifier Gaussian (if any) and the per-cluster model Gaussian on the
+    same sampled clients; multipliers are noise std / sensitivity (the model one already includes
+    the 2*C_theta rebalancing sensitivity). Both are amplified by the client sampling:
+    ``"poisson"`` (rate q, add/remove-one client) or ``"without_replacement"`` (fixed ``cohort``
+    out of ``population``, replace-one client; cohort defaults to round(q * population)).
+    """
+    inner: dpa.DpEvent = _gaussian(model_noise_multiplier)
+    if id_noise_multiplier is not None:
+        inner = dpa.ComposedDpEvent([_gaussian(id_noise_multiplier), inner])
+    if sampling == "poisson":
+        if not 0 < sampling_rate <= 1:
+            raise PrivacyConfigError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
+        return inner if sampling_rate == 1 else dpa.PoissonSampledDpEvent(sampling_rate, inner)
+    if sampling == "without_replacement":
+        if population is None or population < 1:
+            raise PrivacyConfigError("sampling without replacement needs the population size")
+        if cohort is None:
+            cohort = round(sampling_rate * population)
+        if not 1 <= cohort <= population:
+            raise PrivacyConfigError(f"cohort must be in [1, {population}], got {cohort}")
+        return dpa.SampledWithoutReplacementDpEvent(int(population), int(cohort), inner)
+    raise PrivacyConfigError(
+        f"sampling must be 'poisson' or 'without_replacement', got {sampling!r}"
+    )
+
+
+def central_event(
+    rounds: int,
+    sampling_rate: float,
+    model_noise_multiplier: float,
+    id_noise_multiplier: float | None = None,
+    sampling: Literal["poisson", "without_replacement"] = "poisson",
+    population: int | None = None,
+    cohort: int | None = None,
+) -> dpa.DpEvent:
+    """``rounds`` adaptive compositions of :func:`central_round_event` (Theorem 1's factor T)."""
+    if rounds < 0:
+        raise PrivacyConfigError(f"rounds must be >= 0, got {rounds}")
+    one = central_round_event(
+        sampling_rate, model_noise_multiplier, id_noise_multiplier, sampling, population, cohort
+    )
+    return dpa.SelfComposedDpEvent(one, int(rounds)) if rounds else dpa.NoOpDpEvent()
+
+
+def d_privacy_leakage(epsilon_per_round: float, radius: float, rounds_participated: int) -> float:
+    """Total d-privacy leakage of a client (Galli et al., Theorem 3.1): sum of eps*||delta||.
+
+    Each release is eps-d-private, i.e. points within ``radius`` are (eps*radius)-DP
+    indistinguishable; independent releases compose additively. With eps = n/(nu*radius) each
+    round leaks n/nu.
+    """
+    if epsilon_per_round < 0 or radius < 0 or rounds_participated < 0:
+        raise PrivacyConfigError("d-privacy leakage needs non-negative arguments")
+    return float(epsilon_per_round * radius * rounds_participated)
