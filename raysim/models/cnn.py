@@ -1,0 +1,45 @@
+"""The two-layer CNN of Table 2 (paper 002, appendix B.2), sized from the input shape."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _chw(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """Channels-first (C, H, W); a 2-D shape (H, W) means one channel."""
+    if len(input_shape) == 2:
+        return (1, input_shape[0], input_shape[1])
+    if len(input_shape) == 3:
+        return (input_shape[0], input_shape[1], input_shape[2])
+    raise ValueError(f"cnn needs an image shape (C, H, W) or (H, W), got {input_shape}")
+
+
+class CNN(nn.Module):
+    """Conv(5x5, 16) - ReLU - MaxPool2 - Conv(5x5, 32) - ReLU - MaxPool2 - Linear.
+
+    28,938 parameters on 1x28x28 with 10 classes, as in Table 2. 'same' padding keeps
+    the spatial size through each conv, so an 8x8 input flattens to 32*2*2 = 128.
+    The table lists a ReLU on the dense layer; we output raw logits instead, because a
+    ReLU before cross-entropy only clamps logits (the parameter count is unchanged).
+    Inputs of shape (B, C, H, W), (B, H, W) or (B, C*H*W) are all accepted.
+    """
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__()
+        self.chw = _chw(input_shape)
+        c, h, w = self.chw
+        self.conv1 = nn.Conv2d(c, 16, kernel_size=5, padding=2)
+        self.conv2 = nn.Conv2d(16, 32, kernel_size=5, padding=2)
+        self.pool = nn.MaxPool2d(2)
+        self.relu = nn.ReLU()
+        flat = 32 * ((h // 2) // 2) * ((w // 2) // 2)
+        if flat == 0:
+            raise ValueError(f"input {input_shape} too small for two 2x2 poolings")
+        self.fc = nn.Linear(flat, max(num_classes, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(x.shape[0], *self.chw)
+        x = self.pool(self.relu(self.conv1(x)))
+        x = self.pool(self.relu(self.conv2(x)))
+        return self.fc(x.flatten(1))

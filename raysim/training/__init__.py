@@ -1,0 +1,24 @@
+"""Client-side local training: plain SGD or DP-SGD (Opacus), on flat weight vectors."""
+
+from raysim.training.config import (
+    EvalResult,
+    SamplingPlan,
+    TrainConfig,
+    TrainResult,
+    sampling_plan,
+)
+from raysim.training.losses import TASKS, per_sample_loss
+from raysim.training.per_sample import GRAD_SAMPLE_MODES
+from raysim.training.trainer import LocalTrainer
+
+__all__ = [
+    "GRAD_SAMPLE_MODES",
+    "TASKS",
+    "EvalResult",
+    "LocalTrainer",
+    "SamplingPlan",
+    "TrainConfig",
+    "TrainResult",
+    "per_sample_loss",
+    "sampling_plan",
+]

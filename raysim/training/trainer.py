@@ -1,0 +1,256 @@
+"""Local training of one virtual client at a time on a resident model.
+
+A worker builds one model and one ``LocalTrainer`` and then serves thousands of clients:
+per client the flat weights are copied into the existing parameters, a fresh (cheap, ~15 us)
+SGD/DPOptimizer pair is built so no optimizer state leaks between clients, and the update
+comes back as a new flat CPU tensor. All randomness (batch order, Poisson masks, DP noise)
+comes from the caller's ``torch.Generator``, so an update is a function of
+(weights, data, cfg, generator state) alone, whichever worker computes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+from opacus.optimizers import DPOptimizer
+from torch import nn
+
+from raysim.models.params import flat_params, load_flat_, num_params
+from raysim.training.config import EvalResult, TrainConfig, TrainResult, sampling_plan
+from raysim.training.losses import TASKS, as_tensor, per_sample_loss, targets
+from raysim.training.per_sample import PerSampleGrads
+
+
+class LocalTrainer:
+    """One resident model per worker: built once, weights loaded in place per client."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        task: str,
+        device: torch.device | str = "cpu",
+        grad_sample_mode: str = "hooks",
+    ):
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.task = task
+        self.grad_sample_mode = grad_sample_mode
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.dim = num_params(self.model)
+        self._psg: PerSampleGrads | None = None  # wrapped lazily, on first DP use
+        self._device_gen: torch.Generator | None = None
+
+    # ------------------------------------------------------------------ training
+    def train(
+        self,
+        weights: torch.Tensor,
+        x: np.ndarray,
+        y: np.ndarray,
+        cfg: TrainConfig,
+        generator: torch.Generator,
+        prox_center: torch.Tensor | None = None,
+    ) -> TrainResult:
+        """Run ``cfg.local_epochs`` of (DP-)SGD from ``weights`` on (x, y); return new - init."""
+        xt, yt = self._data(x, y)
+        n = xt.shape[0]
+        plan = sampling_plan(n, cfg)
+        init = weights.detach().reshape(-1).to("cpu", torch.float32)
+        load_flat_(self.model, init)
+        center = None
+        if cfg.prox_mu > 0:  # FedProx: by default, stay close to the weights received
+            ref = init if prox_center is None else prox_center.detach().reshape(-1)
+            center = self._views(ref.to(self.device, torch.float32))
+        self.model.train()
+        run = self._run_dp if cfg.dp else self._run_plain
+        steps, loss = run(xt, yt, cfg, plan, generator, center)
+
+        update = flat_params(self.model).sub_(init)
+        norm = float(update.norm())
+        if cfg.update_clip is not None and norm > cfg.update_clip:
+            update.mul_(cfg.update_clip / norm)
+        return TrainResult(update, n, steps, loss, norm)
+
+    def _run_plain(self, xt, yt, cfg, plan, gen, center) -> tuple[int, float]:
+        opt = torch.optim.SGD(
+            self.params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
+        b, steps, loss = plan.expected_batch_size, 0, float("nan")
+        for _ in range(cfg.local_epochs):
+            if steps >= plan.total_steps:
+                break
+            order = None
+            if not cfg.full_batch:
+                order = self._to_dev(torch.randperm(xt.shape[0], generator=gen, device=gen.device))
+            total, count = torch.zeros((), device=self.device), 0
+            for s in range(plan.steps_per_epoch):
+                if steps >= plan.total_steps:
+                    break
+                idx = None if order is None else order[s * b : (s + 1) * b]
+                size = xt.shape[0] if idx is None else idx.numel()
+                opt.zero_grad(set_to_none=True)
+                for xb, yb in self._chunks(xt, yt, idx, cfg.physical_batch_size):
+                    losses = per_sample_loss(self.task, self.model(xb), yb)
+                    (losses.sum() / size).backward()
+                    total += losses.detach().sum()
+                count += size
+                self._add_prox(cfg.prox_mu, center)
+                opt.step()
+                steps += 1
+            loss = float(total) / count if count else float("nan")
+        opt.zero_grad(set_to_none=True)
+        return steps, loss
+
+    def _run_dp(self, xt, yt, cfg, plan, gen, center) -> tuple[int, float]:
+        """DP-SGD: per-sample clip to C, sum, add N(0, (zC)^2), divide by the expected batch
+        size (Opacus' DPOptimizer). A logical batch is processed in physical chunks: each chunk
+        is clipped and summed into ``summed_grad`` (Opacus' virtual-step accumulation), noise
+        is drawn once per logical step, so chunking changes neither the result nor the draws."""
+        if self._psg is None:
+            self._psg = PerSampleGrads(self.model, self.task, self.grad_sample_mode)
+        psg, n = self._psg, xt.shape[0]
+        opt = DPOptimizer(
+            torch.optim.SGD(
+                self.params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+            ),
+            noise_multiplier=cfg.dp_noise_multiplier,
+            max_grad_norm=cfg.dp_clip,
+            expected_batch_size=plan.expected_batch_size,
+            generator=self._noise_generator(gen),
+        )
+        steps, loss = 0, float("nan")
+        psg.enable()
+        try:
+            for _ in range(cfg.local_epochs):
+                if steps >= plan.total_steps:
+                    break
+                total, count = torch.zeros((), device=self.device), 0
+                for _ in range(plan.steps_per_epoch):
+                    if steps >= plan.total_steps:
+                        break
+                    idx = None
+                    if not cfg.full_batch:  # Poisson: each sample independently with prob q
+                        mask = torch.rand(n, generator=gen, device=gen.device) < plan.q
+                        idx = self._to_dev(mask.nonzero().reshape(-1))
+                    total += self._dp_step(psg, opt, xt, yt, idx, cfg, center)
+                    count += n if idx is None else idx.numel()
+                    steps += 1
+                loss = float(total) / count if count else float("nan")
+        finally:
+            psg.disable()
+            opt.zero_grad(set_to_none=True)
+        return steps, loss
+
+    def _dp_step(self, psg, opt, xt, yt, idx, cfg, center) -> torch.Tensor:
+        """One logical DP-SGD step over rows ``idx`` (None: all); returns the loss sum."""
+        size = xt.shape[0] if idx is None else idx.numel()
+        last = -(-size // cfg.physical_batch_size) - 1
+        total = torch.zeros((), device=self.device)
+        if size == 0:
+            psg.set_empty()  # an empty Poisson batch still takes a noise-only step
+        for i, (xb, yb) in enumerate(self._chunks(xt, yt, idx, cfg.physical_batch_size)):
+            total += psg(xb, yb).sum()
+            if i < last:  # clip this chunk into summed_grad, free its per-sample grads
+                opt.clip_and_accumulate()
+                for p in self.params:
+                    p.grad_sample, p.grad = None, None
+        opt.pre_step()  # clip the last chunk, add noise once, divide by the expected batch size
+        self._add_prox(cfg.prox_mu, center)
+        opt.original_optimizer.step()
+        opt.zero_grad(set_to_none=True)
+        return total
+
+    # ---------------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate(
+        self, weights: torch.Tensor, x: np.ndarray, y: np.ndarray, batch_size: int = 1024
+    ) -> EvalResult:
+        """Mean loss and accuracy (None for regression) of ``weights`` on (x, y)."""
+        xt, yt = self._data(x, y)
+        load_flat_(self.model, weights)
+        loss, correct = self._eval(xt, yt, batch_size, with_acc=self.task == "classification")
+        n = xt.shape[0]
+        acc = None if self.task != "classification" else (correct / n if n else float("nan"))
+        return EvalResult(loss, acc, n)
+
+    @torch.no_grad()
+    def losses(
+        self,
+        weights_list: Sequence[torch.Tensor],
+        x: np.ndarray,
+        y: np.ndarray,
+        batch_size: int = 1024,
+    ) -> np.ndarray:
+        """Mean loss of each model on (x, y), for loss-based cluster selection."""
+        xt, yt = self._data(x, y)
+        out = np.empty(len(weights_list), dtype=np.float64)
+        for k, w in enumerate(weights_list):
+            load_flat_(self.model, w)
+            out[k] = self._eval(xt, yt, batch_size, with_acc=False)[0]
+        return out
+
+    def _eval(self, xt, yt, batch_size: int, with_acc: bool) -> tuple[float, int]:
+        self.model.eval()
+        total, correct = torch.zeros((), dtype=torch.float64, device=self.device), 0
+        for xb, yb in self._chunks(xt, yt, None, batch_size):
+            out = self.model(xb)
+            total += per_sample_loss(self.task, out, yb).sum(dtype=torch.float64)
+            if with_acc:
+                correct += int((out.argmax(1) == yb).sum())
+        n = xt.shape[0]
+        return (float(total) / n if n else float("nan")), correct
+
+    # ------------------------------------------------------------------- helpers
+    def _data(self, x, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whole client dataset as tensors on the device; zero-copy on CPU for float32 x."""
+        xt = as_tensor(x).to(self.device, torch.float32)
+        yt = targets(self.task, as_tensor(y).to(self.device))
+        if xt.shape[0] != yt.shape[0]:
+            raise ValueError(f"x has {xt.shape[0]} rows, y has {yt.shape[0]}")
+        return xt, yt
+
+    def _chunks(
+        self, xt: torch.Tensor, yt: torch.Tensor, idx: torch.Tensor | None, size: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Physical batches: slices (no copy) when ``idx`` is None, else gathered rows."""
+        n = xt.shape[0] if idx is None else idx.numel()
+        for i in range(0, n, size):
+            if idx is None:
+                yield xt[i : i + size], yt[i : i + size]
+            else:
+                j = idx[i : i + size]
+                yield xt.index_select(0, j), yt.index_select(0, j)
+
+    def _to_dev(self, t: torch.Tensor) -> torch.Tensor:
+        return t if t.device == self.device else t.to(self.device)
+
+    def _views(self, vec: torch.Tensor) -> list[torch.Tensor]:
+        if vec.numel() != self.dim:
+            raise ValueError(f"prox_center has {vec.numel()} elements, model has {self.dim}")
+        out, off = [], 0
+        for p in self.params:
+            out.append(vec[off : off + p.numel()].view_as(p))
+            off += p.numel()
+        return out
+
+    def _add_prox(self, mu: float, center: list[torch.Tensor] | None) -> None:
+        """Gradient of mu/2 ||w - center||^2, added after DP noise: it touches no data."""
+        if center is None:
+            return
+        with torch.no_grad():
+            for p, c in zip(self.params, center, strict=True):
+                p.grad.add_(p, alpha=mu).sub_(c, alpha=mu)
+
+    def _noise_generator(self, gen: torch.Generator) -> torch.Generator:
+        """Noise must be drawn on the parameters' device. A CPU generator driving a GPU model
+        seeds a resident device generator from one draw, so results stay a function of the
+        caller's seed (CUDA and CPU bits differ anyway)."""
+        if gen.device.type == self.device.type:
+            return gen
+        if self._device_gen is None:
+            self._device_gen = torch.Generator(device=self.device)
+        seed = int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device))
+        return self._device_gen.manual_seed(seed)
