@@ -1,0 +1,22 @@
+"""Federated algorithms by the names configs use (`algorithm.name`)."""
+
+from __future__ import annotations
+
+from algorithms.base import Algorithm, Environment
+from algorithms.fedavg import FedAvg
+from algorithms.local import Local
+from raysim.config import ConfigError
+
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, Local)}
+
+
+def get_algorithm(name: str) -> type[Algorithm]:
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ConfigError(
+            f"algorithm.name: unknown algorithm {name!r}; allowed: {', '.join(sorted(ALGORITHMS))}"
+        ) from None
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "Environment", "get_algorithm"]

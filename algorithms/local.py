@@ -1,0 +1,40 @@
+"""Local: every client trains its own model on its own data, with no communication (the
+baseline that clustering must beat on the majority clusters). Personal models are client state:
+held by the coordinator, travelling with the task."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from algorithms.base import FederatedAlgorithm
+from raysim.protocol import ClientContext, ClientReport, ClientTask, RoundPlan, ServerResult
+
+
+class Local(FederatedAlgorithm):
+    name = "local"
+    privacy_modes = ("none", "sample")
+
+    def init_state(self, rng: np.random.Generator) -> None:
+        return None
+
+    def plan_round(self, state: None, round: int, rng: np.random.Generator) -> RoundPlan:
+        return RoundPlan(
+            [self.task(c, cluster=None) for c in self.cohort(rng)], [self.env.init_weights]
+        )
+
+    def client_step(self, task: ClientTask, ctx: ClientContext) -> ClientReport:
+        start = task.state if task.state is not None else ctx.models[0]
+        report = self.train_client(task, ctx, start)
+        report.state = start + report.update  # the personal model; nothing goes to the server
+        report.update = None
+        return report
+
+    def server_step(
+        self, state: None, plan: RoundPlan, reports: list[ClientReport], rng: np.random.Generator
+    ) -> ServerResult:
+        return ServerResult(None, self.privacy_charges(plan.round, reports))
+
+    def plan_evaluation(self, state: None) -> RoundPlan:
+        # Clients that never trained are judged on the initial model (broadcast as model 0).
+        tasks = [self.task(c, cluster=None) for c in range(self.env.num_clients)]
+        return RoundPlan(tasks, [self.env.init_weights])

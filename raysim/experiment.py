@@ -1,0 +1,88 @@
+"""Preparing and running one experiment: everything that can fail on user input fails here,
+before Ray starts; then the session runs the rounds and the results are written.
+
+The caller passes the algorithm class (the CLI and Tune look it up in `algorithms`): the engine
+never imports an algorithm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from raysim.config import ConfigError, ExperimentConfig
+from raysim.data import FederatedDataset, build_federated_dataset
+from raysim.models import MODELS, build_model, flat_params
+from raysim.privacy import BudgetError, PrivacyConfigError, check_sample_level_delta
+from raysim.seeding import SERVER, torch_generator
+
+
+@dataclass
+class Prepared:
+    cfg: ExperimentConfig
+    dataset: FederatedDataset
+    algorithm: Any
+    env: Any
+
+
+def initial_weights(cfg: ExperimentConfig, ds: FederatedDataset) -> torch.Tensor:
+    """Model initialisation drawn from the (seed, 0, server, "model_init") generator."""
+    seed = int(torch_generator(cfg.seed, 0, SERVER, "model_init").initial_seed())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
+        model = build_model(cfg.model.name, ds.feature_shape, ds.num_classes, **kwargs)
+    return flat_params(model)
+
+
+def check_against_data(cfg: ExperimentConfig, ds: FederatedDataset) -> None:
+    """The checks that need the population, e.g. delta < 1/n for sample-level DP."""
+    if cfg.model.name not in MODELS:
+        raise ConfigError(
+            f"model.name: unknown model {cfg.model.name!r}; allowed: {', '.join(MODELS)}"
+        )
+    if ds.task == "regression" and cfg.model.name not in ("linear", "mlp"):
+        raise ConfigError(f"model.name: {cfg.data.dataset} is a regression task; use linear or mlp")
+    if cfg.privacy.mode == "sample":
+        try:
+            check_sample_level_delta(cfg.privacy.delta, int(np.min(ds.train_sizes)))
+        except (PrivacyConfigError, BudgetError) as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def build_dataset(cfg: ExperimentConfig) -> FederatedDataset:
+    try:
+        return build_federated_dataset(cfg.data, cfg.seed)
+    except ValueError as exc:  # DataNotFoundError and impossible partitions: user input
+        raise ConfigError(str(exc)) from None
+
+
+def prepare(cfg: ExperimentConfig, algorithm_cls: Callable[[Any], Any], env_cls: Any) -> Prepared:
+    """Build data, model initialisation and the algorithm (which calibrates its noise)."""
+    ds = build_dataset(cfg)
+    check_against_data(cfg, ds)
+    env = env_cls(
+        cfg=cfg,
+        train_sizes=np.asarray(ds.train_sizes),
+        true_clusters=np.asarray(ds.true_cluster),
+        init_weights=initial_weights(cfg, ds),
+    )
+    try:
+        algorithm = algorithm_cls(env)
+    except (BudgetError, PrivacyConfigError) as exc:  # the request cannot be met: refuse
+        raise ConfigError(str(exc)) from None
+    return Prepared(cfg, ds, algorithm, env)
+
+
+def run_prepared(prep: Prepared, out_dir: Path, on_round: Callable[[dict], None] | None = None):
+    from raysim.metrics.results import write_results
+    from raysim.runtime.session import run_session
+
+    results = run_session(prep, on_round=on_round)
+    write_results(out_dir, prep, results)
+    return results

@@ -1,0 +1,135 @@
+"""A run's directory: config.yaml, metrics.parquet, clients.parquet, privacy.parquet,
+summary.json and PNG plots. `raysim report` reads them back."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raysim.config import dump_config
+
+RESULT_FILES = (
+    "config.yaml",
+    "metrics.parquet",
+    "clients.parquet",
+    "privacy.parquet",
+    "summary.json",
+    "accuracy.png",
+)
+
+
+def _table(rows: list[dict[str, Any]]) -> pa.Table:
+    keys: list[str] = []
+    for row in rows:  # union of keys, first-seen order: evaluation rows have more columns
+        keys += [k for k in row if k not in keys]
+    return pa.table({k: [row.get(k) for row in rows] for k in keys})
+
+
+def _finite(x: Any) -> Any:
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = prep.cfg
+    (out / "config.yaml").write_text(dump_config(cfg))
+    history = results["history"]
+    pq.write_table(_table(history), out / "metrics.parquet")
+
+    truth = np.asarray(prep.env.true_clusters)
+    assigned = results.get("assignments")
+    eps = results["client_epsilon"]
+    evals = {r.client_id: r for r in results["eval"]}
+    clients = [
+        {
+            "client_id": c,
+            "true_cluster": int(truth[c]),
+            "assigned_cluster": None if assigned is None else int(assigned[c]),
+            "accuracy": evals[c].accuracy if c in evals else None,
+            "loss": evals[c].loss if c in evals else None,
+            "num_train": int(prep.env.train_sizes[c]),
+            "epsilon": eps[c],
+        }
+        for c in range(len(truth))
+    ]
+    pq.write_table(_table(clients), out / "clients.parquet")
+    ledger_rows = results["ledger_rows"] or [
+        {"client": None, "round": None, "mechanism": None, "params": None, "epsilon": None}
+    ]
+    pq.write_table(_table(ledger_rows), out / "privacy.parquet")
+
+    last_eval = next((r for r in reversed(history) if "accuracy" in r), {})
+    summary = {
+        "name": cfg.name,
+        "algorithm": cfg.algorithm.name,
+        "dataset": cfg.data.dataset,
+        "num_clients": int(len(truth)),
+        "rounds": len(history),
+        "seed": cfg.seed,
+        "privacy_mode": cfg.privacy.mode,
+        "epsilon": history[-1]["epsilon"] if history else 0.0,
+        "epsilon_budget": cfg.privacy.epsilon if cfg.privacy.mode != "none" else None,
+        "delta": cfg.privacy.delta,
+        "final_accuracy": last_eval.get("accuracy"),
+        "final_loss": last_eval.get("loss"),
+        "final": {k: v for k, v in last_eval.items() if k != "round"},
+        "privacy": {**results.get("privacy", {}), **results["ledger_summary"]},
+        "wall_seconds": results["wall_seconds"],
+        "workers": len(results.get("workers", [])),
+        "gpus_per_worker": results.get("gpus_per_worker"),
+        "workers_replaced": results.get("workers_replaced", 0),
+    }
+    summary = json.loads(json.dumps(summary, default=_json_default), parse_constant=lambda c: None)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_finite))
+    plot_run(out)
+    return summary
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def load_run(run_dir: Path) -> tuple[dict[str, Any], Any]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    metrics = pq.read_table(run_dir / "metrics.parquet").to_pandas()
+    return summary, metrics
+
+
+def plot_run(run_dir: Path) -> None:
+    """accuracy.png (all clients and per true cluster) and epsilon.png (spent per round)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary, m = load_run(run_dir)
+    ev = m.dropna(subset=["accuracy"]) if "accuracy" in m else m.iloc[0:0]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if len(ev):
+        ax.plot(ev["round"], ev["accuracy"], label="all clients", lw=2)
+        for col in sorted(c for c in m.columns if c.startswith("accuracy_cluster_")):
+            ax.plot(ev["round"], ev[col], label=col.removeprefix("accuracy_"), lw=1, alpha=0.8)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"{summary['algorithm']} on {summary['dataset']}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(run_dir / "accuracy.png", dpi=100)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(m["round"], m["epsilon"], marker=".")
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"epsilon spent (delta={summary['delta']})")
+    fig.tight_layout()
+    fig.savefig(run_dir / "epsilon.png", dpi=100)
+    plt.close(fig)

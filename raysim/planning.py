@@ -1,0 +1,140 @@
+"""Privacy plans: what each client's (or the population's) mechanism schedule will be, with the
+noise calibrated so the whole run spends exactly the requested (eps, delta) — decided before the
+run starts, refused (BudgetError) when it cannot be met.
+
+The arithmetic is in raysim.privacy; this module only turns an experiment's schedule (batch
+size, local epochs, rounds, client sampling) into privacy phases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from raysim.config import PrivacyConfig
+from raysim.privacy import (
+    Phase,
+    calibrate_central,
+    calibrate_dpsgd,
+    central_round_event,
+    dpsgd_event,
+    epsilon,
+)
+from raysim.training import TrainConfig, sampling_plan
+
+
+def dpsgd_round_phase(n: int, train: TrainConfig) -> Phase:
+    """One round of local DP-SGD, with the very batch schedule the trainer follows."""
+    plan = sampling_plan(n, train)
+    return Phase(sampling_rate=plan.q, steps=plan.total_steps)
+
+
+@dataclass
+class SampleLevelPlan:
+    """Per-client DP-SGD noise: each client is accounted on its own (sample-level DP).
+
+    `schedule(n)` lists the client's phases, one per round; clients with the same train size
+    share one calibration. `selections` reserves exponential-mechanism choices (count, eps each)
+    inside the same budget.
+    """
+
+    privacy: PrivacyConfig
+    train_sizes: np.ndarray
+    schedule: Callable[[int], Sequence[Phase]]
+    selections: tuple[int, float] = (0, 0.0)
+    noise: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        count, sel_eps = self.selections
+        for n in sorted(set(int(s) for s in self.train_sizes)):
+            if self.privacy.noise_multiplier is not None:
+                self.noise[n] = self.privacy.noise_multiplier
+            else:
+                self.noise[n] = calibrate_dpsgd(
+                    list(self.schedule(n)),
+                    self.privacy.epsilon,
+                    self.privacy.delta,
+                    selection_epsilon=sel_eps,
+                    selections=count,
+                    accountant=self.privacy.accountant,
+                )
+
+    def noise_multiplier(self, client: int) -> float:
+        return self.noise[int(self.train_sizes[client])]
+
+    def round_event(self, client: int, round: int) -> Any:
+        n = int(self.train_sizes[client])
+        return dpsgd_event([self.schedule(n)[round - 1]], self.noise[n])
+
+    def planned_epsilon(self) -> float:
+        """The worst client's eps over the whole planned schedule (no selections)."""
+        return max(
+            epsilon(
+                dpsgd_event(list(self.schedule(n)), z), self.privacy.delta, self.privacy.accountant
+            )
+            for n, z in self.noise.items()
+        )
+
+    def summary(self) -> dict[str, Any]:
+        zs = list(self.noise.values())
+        return {
+            "noise_multiplier": max(zs),
+            "noise_multiplier_min": min(zs),
+            "noise_by_train_size": {str(n): z for n, z in self.noise.items()},
+        }
+
+
+@dataclass
+class CentralPlan:
+    """Client-level DP with a trusted server: Gaussian noise on the sum of clipped updates (and,
+    where the algorithm sends cluster identifiers, on those), amplified by client sampling.
+
+    Poisson sampling is accounted under add/remove-one (sensitivity of a sum: C); a fixed-size
+    cohort without replacement under replace-one (sensitivity 2C), the only relation the
+    accountant has for it. `sensitivity(clip)` gives the scale the noise must be drawn at.
+    """
+
+    privacy: PrivacyConfig
+    rounds: int
+    sampling_rate: float
+    sampling: str
+    population: int
+    id_noise_ratio: float | None = None  # sigma_s / sigma_theta; None: no identifier mechanism
+    noise: float = field(init=False)
+    id_noise: float | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.privacy
+        if p.noise_multiplier is not None:
+            self.noise = ratio = p.noise_multiplier
+            self.id_noise = None if self.id_noise_ratio is None else ratio * self.id_noise_ratio
+            return
+        calibrated = calibrate_central(
+            self.rounds,
+            self.sampling_rate,
+            p.epsilon,
+            p.delta,
+            id_noise_ratio=self.id_noise_ratio,
+            sampling=self.sampling,
+            population=self.population,
+            accountant=p.accountant,
+        )
+        self.noise, self.id_noise = calibrated.model, calibrated.identifier
+
+    def sensitivity(self, clip: float) -> float:
+        return clip if self.sampling == "poisson" else 2 * clip
+
+    def round_event(self) -> Any:
+        return central_round_event(
+            self.sampling_rate,
+            self.noise,
+            self.id_noise,
+            sampling=self.sampling,
+            population=self.population,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {"noise_multiplier": self.noise, "id_noise_multiplier": self.id_noise}

@@ -1,0 +1,40 @@
+"""`raysim privacy`: what a config will spend, computed without training.
+
+It replays the algorithm's own per-round charges with every client taking part in every round
+(the worst case, which is what calibration bounds) through the same ledger a run uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from raysim.privacy import PrivacyLedger
+from raysim.protocol import ClientReport
+
+
+def privacy_report(prep: Any) -> dict[str, Any]:
+    cfg, algo, env = prep.cfg, prep.algorithm, prep.env
+    p = cfg.privacy
+    out: dict[str, Any] = {"mode": p.mode, "delta": p.delta, "target_epsilon": p.epsilon}
+    out.update(algo.privacy_summary())
+    out.setdefault("noise_multiplier", None)
+    if p.mode == "none":
+        out.update(epsilon=float("inf"), epsilon_per_round={})
+        return out
+    ledger = PrivacyLedger(delta=p.delta, accountant=p.accountant, budget=None)
+    everyone = [ClientReport(c, num_samples=int(n)) for c, n in enumerate(env.train_sizes)]
+    # One representative client per train size: clients of one size spend alike.
+    groups = {
+        int(n): int(np.flatnonzero(env.train_sizes == n)[0]) for n in np.unique(env.train_sizes)
+    }
+    per_round: dict[str, list[float]] = {f"train_size={n}": [] for n in groups}
+    for r in range(1, cfg.rounds + 1):
+        for charge in algo.privacy_charges(r, everyone):
+            ledger.charge(r, charge.clients, charge.mechanism, charge.event, charge.params)
+        for n, client in groups.items():
+            per_round[f"train_size={n}"].append(ledger.epsilon(client))
+    out["epsilon"] = max(v[-1] for v in per_round.values())
+    out["epsilon_per_round"] = per_round
+    return out

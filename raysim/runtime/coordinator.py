@@ -1,0 +1,140 @@
+"""The Coordinator runs the rounds (DESIGN.md, "One round, as data flows").
+
+It is a plain class so it can be unit-tested; `runtime.session` runs it inside a Ray actor. It
+owns the server state, the clients' persistent state and the privacy ledger; the workers own the
+data and the arithmetic.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import ray
+
+from raysim.config import ExperimentConfig
+from raysim.metrics.evaluation import round_metrics
+from raysim.privacy import PrivacyLedger
+from raysim.protocol import EvalReport, RoundPlan
+from raysim.runtime.pool import WorkerPool, balance_shards
+from raysim.runtime.worker import ClientWorker
+from raysim.seeding import SERVER, numpy_rng
+
+
+class Coordinator:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        algorithm: Any,
+        dataset_box: list[Any],
+        true_clusters: np.ndarray,
+        num_gpus_per_worker: float,
+    ) -> None:
+        self.cfg = cfg
+        self.algorithm = algorithm
+        self.true_clusters = true_clusters
+        self.round = 0
+        self.state = algorithm.init_state(numpy_rng(cfg.seed, 0, SERVER, "init"))
+        self.client_states: dict[int, Any] = {}
+        p = cfg.privacy
+        budget = p.epsilon if p.mode != "none" else None
+        self.ledger = PrivacyLedger(
+            delta=p.delta, accountant=p.accountant, budget=budget, num_clients=len(true_clusters)
+        )
+        self.history: list[dict[str, Any]] = []
+        self.last_eval: list[EvalReport] = []
+        rt = cfg.runtime
+        num_clients = len(true_clusters)
+        size = num_clients if rt.actor_per_client else rt.num_workers
+        actor = ray.remote(ClientWorker).options(
+            num_cpus=rt.cpus_per_worker,
+            num_gpus=num_gpus_per_worker,
+            max_restarts=-1,
+        )
+        model_kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
+
+        def make_worker(i: int) -> Any:
+            return actor.remote(
+                algorithm,
+                dataset_box[0],
+                cfg.model.name,
+                model_kwargs,
+                cfg.seed,
+                rt.threads_per_worker,
+                num_gpus_per_worker,
+            )
+
+        self.pool = WorkerPool(make_worker, size, rt.round_timeout_s)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _shards(self, plan: RoundPlan) -> list[tuple[int, list[Any]]]:
+        if self.cfg.runtime.actor_per_client:  # each client pinned to its own actor
+            return [(t.client_id, [t]) for t in plan.tasks]
+        return list(enumerate(balance_shards(plan.tasks, len(self.pool.workers))))
+
+    def _execute(self, kind: str, plan: RoundPlan) -> list[Any]:
+        for t in plan.tasks:  # client state lives here and travels with the task
+            if t.state is None and t.client_id in self.client_states:
+                t.state = self.client_states[t.client_id]
+        models = np.stack([m.numpy() for m in plan.models]) if plan.models else np.zeros((0, 0))
+        models_ref = ray.put(models)  # once per round, never per client
+        return self.pool.run(kind, self.round, models_ref, self._shards(plan))
+
+    # -- API -----------------------------------------------------------------------------------
+    def info(self) -> list[dict[str, Any]]:
+        return self.pool.ready()
+
+    def step(self) -> dict[str, Any]:
+        """Run one round; returns its metrics row."""
+        start = time.perf_counter()
+        self.round += 1
+        r, seed = self.round, self.cfg.seed
+        plan = self.algorithm.plan_round(self.state, r, numpy_rng(seed, r, SERVER, "plan"))
+        plan.round = r
+        reports = self._execute("train", plan)
+        reports.sort(key=lambda rep: rep.client_id)
+        for rep in reports:
+            if rep.state is not None:
+                self.client_states[rep.client_id] = rep.state
+        result = self.algorithm.server_step(
+            self.state, plan, reports, numpy_rng(seed, r, SERVER, "server")
+        )
+        for charge in result.charges:
+            self.ledger.charge(r, charge.clients, charge.mechanism, charge.event, charge.params)
+        self.ledger.check_budget()  # never continue past the budget
+        self.state = result.state
+        row: dict[str, Any] = {"round": r, "participants": len(reports)}
+        row.update(result.metrics)
+        if r % self.cfg.training.eval_every == 0 or r == self.cfg.rounds:
+            self.last_eval = self.evaluate()
+            row.update(
+                round_metrics(
+                    self.last_eval,
+                    self.true_clusters,
+                    self.algorithm.assignments(self.state),
+                )
+            )
+        row["epsilon"] = self.ledger.summary()["max_epsilon"]
+        row["round_seconds"] = time.perf_counter() - start
+        self.history.append(row)
+        return row
+
+    def evaluate(self) -> list[EvalReport]:
+        plan = self.algorithm.plan_evaluation(self.state)
+        reports = self._execute("evaluate", plan)
+        return sorted(reports, key=lambda rep: rep.client_id)
+
+    def results(self) -> dict[str, Any]:
+        return {
+            "history": self.history,
+            "eval": self.last_eval,
+            "assignments": self.algorithm.assignments(self.state),
+            "ledger_rows": self.ledger.rows(),
+            "client_epsilon": [self.ledger.epsilon(c) for c in range(len(self.true_clusters))],
+            "ledger_summary": self.ledger.summary(),
+            "workers_replaced": self.pool.replaced,
+        }
+
+    def shutdown(self) -> None:
+        self.pool.shutdown()

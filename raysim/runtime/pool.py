@@ -1,0 +1,85 @@
+"""A pool of ClientWorker actors: shards a round's tasks over it and survives lost workers.
+
+Shards are balanced largest-first (LPT). Which worker runs a client changes nothing in the
+result: every client draws from generators keyed by (seed, round, client, purpose).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, WorkerCrashedError
+
+from raysim.protocol import ClientTask
+
+log = logging.getLogger(__name__)
+
+
+def balance_shards(tasks: list[ClientTask], num_shards: int) -> list[list[ClientTask]]:
+    """Longest-processing-time-first: biggest client to the least-loaded shard."""
+    shards: list[list[ClientTask]] = [[] for _ in range(num_shards)]
+    heap = [(0, i) for i in range(num_shards)]
+    for task in sorted(tasks, key=lambda t: (-t.weight, t.client_id)):
+        load, i = heapq.heappop(heap)
+        shards[i].append(task)
+        heapq.heappush(heap, (load + task.weight, i))
+    return [s for s in shards if s]
+
+
+class WorkerPool:
+    def __init__(self, make_worker: Callable[[int], Any], size: int, timeout_s: float) -> None:
+        self._make = make_worker
+        self.workers = [make_worker(i) for i in range(size)]
+        self.timeout_s = timeout_s
+        self.replaced = 0
+
+    def ready(self) -> list[dict[str, Any]]:
+        return ray.get([w.info.remote() for w in self.workers], timeout=self.timeout_s)
+
+    def _replace(self, index: int) -> None:
+        log.warning("worker %d lost: starting a replacement", index)
+        self.workers[index] = self._make(index)
+        self.replaced += 1
+
+    def run(
+        self, kind: str, round: int, models_ref: Any, shards: list[tuple[int, list[ClientTask]]]
+    ) -> list[Any]:
+        """Run every (worker index, shard); a shard whose worker died is re-run on a replacement."""
+        results: list[list[Any] | None] = [None] * len(shards)
+        pending: dict[Any, tuple[int, int, Any]] = {}
+
+        def submit(shard: int, worker: int) -> None:
+            handle = self.workers[worker]
+            pending[handle.run.remote(kind, round, models_ref, shards[shard][1])] = (
+                shard,
+                worker,
+                handle,
+            )
+
+        for i, (worker, _) in enumerate(shards):
+            submit(i, worker)
+        attempts = 0
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout_s)
+            if not ready:
+                raise TimeoutError(f"round {round}: no shard finished in {self.timeout_s} s")
+            ref = ready[0]
+            shard, worker, handle = pending.pop(ref)
+            try:
+                results[shard] = ray.get(ref)
+            except (RayActorError, WorkerCrashedError):
+                attempts += 1
+                if attempts > 3 * len(shards):
+                    raise
+                if self.workers[worker] is handle:  # not yet replaced for another of its shards
+                    self._replace(worker)
+                submit(shard, worker)
+        return [r for shard in results for r in shard]  # type: ignore[union-attr]
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            ray.kill(w)

@@ -1,0 +1,75 @@
+"""ClientWorker: a long-lived actor that runs many virtual clients per call.
+
+It holds the federated dataset (zero-copy from the object store) and one resident model; per
+client it only loads weights in place. One call carries a whole shard of clients, the pattern
+measured fastest here (FIELD-NOTES.md: one call per actor with its list of clients).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from raysim.models import build_model
+from raysim.protocol import ClientContext, ClientTask
+from raysim.training import LocalTrainer
+
+
+def pick_device(num_gpus: float) -> torch.device:
+    # Ray sets CUDA_VISIBLE_DEVICES for GPU actors; a fake (declared) GPU has no CUDA: ask torch.
+    if num_gpus > 0 and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+class ClientWorker:
+    def __init__(
+        self,
+        algorithm: Any,
+        dataset: Any,
+        model_name: str,
+        model_kwargs: dict[str, Any],
+        seed: int,
+        threads: int,
+        num_gpus: float,
+    ) -> None:
+        torch.set_num_threads(threads)
+        self.algorithm = algorithm
+        self.dataset = dataset  # passed as a top-level ObjectRef: Ray resolves it zero-copy
+        ds = dataset
+        self.device = pick_device(num_gpus)
+        model = build_model(model_name, ds.feature_shape, ds.num_classes, **model_kwargs)
+        self.trainer = LocalTrainer(model, ds.task, self.device)
+        self.seed = seed
+
+    def run(self, kind: str, round: int, models: np.ndarray, tasks: list[ClientTask]) -> list[Any]:
+        """Run `kind` ("train" or "evaluate") for each task; models is the round's broadcast."""
+        broadcast = [torch.from_numpy(np.array(m, copy=True)) for m in models]
+        step = self.algorithm.client_step if kind == "train" else self.algorithm.client_evaluate
+        out = []
+        for task in tasks:
+            ctx = ClientContext(
+                task.client_id, round, self.seed, self.trainer, self.dataset, broadcast
+            )
+            out.append(step(task, ctx))
+        return out
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "device": str(self.device),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "node_id": _node_id(),
+        }
+
+
+def _node_id() -> str | None:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # outside Ray (unit tests)
+        return None

@@ -1,0 +1,44 @@
+"""One Ray for the whole test session (2 CPUs, no GPU): starting Ray costs seconds."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+import pytest  # noqa: E402
+
+RAY_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def small_config(**overrides: object) -> list[str]:
+    """--set overrides for a fast run on digits (a few seconds per round on 2 cores)."""
+    base = {
+        "rounds": 2,
+        "algorithm.name": "fedavg",
+        "data.dataset": "digits",
+        "data.num_clients": 8,
+        "data.cluster_sizes": "[4, 4]",
+        "data.shift": "rotation",
+        "model.name": "cnn",
+        "privacy.mode": "sample",
+        "privacy.epsilon": 4,
+        "privacy.delta": 1e-3,
+        "training.batch_size": 16,
+        "runtime.num_workers": 2,
+        "runtime.progress": "false",
+        "runtime.round_timeout_s": RAY_TIMEOUT_S,
+    }
+    base.update(overrides)
+    return [f"{k}={v}" for k, v in base.items()]

@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import small_config
+
+from raysim.cli import main
+from raysim.metrics.results import RESULT_FILES
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--set", "data.dataset=imagenet"], "data.dataset"),
+        (["--set", "model.name=vgg"], "model.name"),
+        (["--set", "algorithm.name=magic"], "algorithm.name"),
+        (["--set", "privacy.epsilon=0"], "privacy.epsilon"),
+        (["--set", "privacy.delta=2"], "privacy.delta"),
+        (["--set", "privacy.delta=0.01"], "privacy.delta"),  # >= 1/smallest client (~144)
+        (["--set", "training.sampling_rate=0"], "training.sampling_rate"),
+        (["--set", "rounds=-1"], "rounds"),
+        (["--set", "data.num_clients=0"], "data.num_clients"),
+        (["--set", "data.cluster_sizes=[1,2]"], "cluster_sizes"),
+        (["--set", "runtime.gpus_per_worker=2"], "runtime.gpus_per_worker"),
+        (["--set", "data.root=/no/such/dir"], "data.root"),
+        (["--set", "algorithm.name=local", "--set", "privacy.mode=client"], "privacy.mode"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_field(args, field, capsys, tmp_path):
+    code = main(
+        [
+            "run",
+            "--out",
+            str(tmp_path / "out"),
+            *sum((["--set", s] for s in small_config()), []),
+            *args,
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert field in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+def test_missing_config_file_and_bad_yaml(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "missing.yaml")]) == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: {dataset: digits\n")
+    assert main(["run", str(bad)]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+
+
+def test_no_traceback_from_the_console_script():
+    proc = subprocess.run(
+        [sys.executable, "-m", "raysim.cli", "run", "--set", "privacy.epsilon=-2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "privacy.epsilon" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_privacy_command_json(capsys):
+    args = ["privacy", *sum((["--set", s] for s in small_config(rounds=5)), []), "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["delta"] == 1e-3
+    assert report["noise_multiplier"] > 0
+    assert report["epsilon"] == pytest.approx(4.0, rel=0.01)
+    assert report["epsilon"] <= 4.0 + 1e-9
+
+
+def test_data_describe(capsys):
+    assert main(["data", "describe", *sum((["--set", s] for s in small_config()), [])]) == 0
+    out = capsys.readouterr().out
+    assert "cluster" in out.lower()
+
+
+def test_run_end_to_end_writes_every_result_file(ray_session, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["run", "--out", str(out), *sum((["--set", s] for s in small_config()), [])])
+    assert code == 0, capsys.readouterr().err
+    for name in RESULT_FILES:
+        assert (out / name).is_file(), name
+    metrics = pq.read_table(out / "metrics.parquet").to_pandas()
+    assert list(metrics["round"]) == [1, 2]
+    assert {"accuracy", "loss", "epsilon", "accuracy_cluster_0", "accuracy_cluster_1"} <= set(
+        metrics
+    )
+    assert metrics["epsilon"].is_monotonic_increasing
+    assert metrics["epsilon"].iloc[-1] == pytest.approx(4.0, rel=0.02)
+    clients = pq.read_table(out / "clients.parquet").to_pandas()
+    assert len(clients) == 8
+    assert {"client_id", "true_cluster", "assigned_cluster", "accuracy", "loss", "epsilon"} <= set(
+        clients
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("final_accuracy", "rounds", "epsilon", "delta", "wall_seconds", "algorithm"):
+        assert key in summary
+    assert 0 <= summary["final_accuracy"] <= 1
+    privacy = pq.read_table(out / "privacy.parquet").to_pandas()
+    assert set(privacy["client"]) == set(range(8))
+    # report re-reads the run and redraws the plots
+    (out / "accuracy.png").unlink()
+    assert main(["report", str(out)]) == 0
+    assert (out / "accuracy.png").is_file()
+    assert "fedavg" in capsys.readouterr().out
