@@ -2,8 +2,8 @@
 
 Both do the same client computations (the Table-2 CNN on 28x28 inputs: Fashion-MNIST where it
 is installed, else synthetic images of that shape; local (DP-)SGD from the round's model) on
-the same machine, in the same run. The loop gets every core as torch threads; the engine gets
-one single-threaded worker actor per core. Usage:
+the same machine, in the same run. The loop runs with one torch thread and with one per core
+(the faster counts); the engine gets one single-threaded worker actor per core. Usage:
 
     python benchmarks/engine_vs_loop.py [--clients 1000] [--rounds 2] [--dp] [--workers N]
 
@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import struct
+import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -25,6 +28,7 @@ import torch  # noqa: E402
 
 from algorithms import Environment, get_algorithm  # noqa: E402
 from raysim.config import load_config  # noqa: E402
+from raysim.data.sources import SEARCH_DIRS, find_idx_files  # noqa: E402
 from raysim.experiment import prepare  # noqa: E402
 from raysim.models import build_model  # noqa: E402
 from raysim.runtime.coordinator import Coordinator  # noqa: E402
@@ -32,19 +36,30 @@ from raysim.seeding import torch_generator  # noqa: E402
 from raysim.training import LocalTrainer  # noqa: E402
 
 
-def dataset_name() -> str:
-    try:
-        from raysim.data.sources import locate_idx
+def write_idx(path: Path, array: np.ndarray) -> None:
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
 
-        locate_idx("fmnist", None)
-        return "fmnist"
-    except Exception:  # noqa: BLE001 - not installed: fall back to synthetic 28x28 images
-        return "synthetic_images"
+
+def data_root(clients: int, samples: int) -> tuple[str, str | None]:
+    """Fashion-MNIST where installed; else random 28x28 images in IDX files of the same shape
+    (the benchmark measures arithmetic, not accuracy)."""
+    if any(find_idx_files(d, "fmnist") for d in SEARCH_DIRS["fmnist"]):
+        return "fmnist", None
+    root = Path(tempfile.mkdtemp(prefix="raysim-bench-"))
+    rng = np.random.default_rng(0)
+    n = clients * samples
+    for part, count in (("train", n), ("t10k", 10)):
+        write_idx(root / f"{part}-images-idx3-ubyte", rng.integers(0, 256, (count, 28, 28)))
+        write_idx(root / f"{part}-labels-idx1-ubyte", rng.integers(0, 10, count))
+    return "synthetic 28x28", str(root)
 
 
 def config(args: argparse.Namespace):
-    name = dataset_name()
+    name, root = data_root(args.clients, args.samples)
     sets = [
+        "data.dataset=fmnist",
+        f"data.samples_per_client={args.samples}",
         f"data.num_clients={args.clients}",
         "data.cluster_sizes=null",
         "data.shift=none",
@@ -59,19 +74,19 @@ def config(args: argparse.Namespace):
         f"runtime.num_workers={args.workers}",
         "runtime.round_timeout_s=3000",
     ]
-    if name == "fmnist":
-        sets += ["data.dataset=fmnist", f"data.samples_per_client={args.samples}"]
-    else:  # same shapes, generated: the benchmark measures arithmetic, not accuracy
-        sets += ["data.dataset=mnist", f"data.samples_per_client={args.samples}"]
+    if root is not None:
+        sets.append(f"data.root={root}")
     return name, load_config(None, sets)
 
 
-def plain_loop(prep, rounds: int) -> float:
-    """The reference: one process, every core, the same per-client computation."""
+def plain_loop(prep, rounds: int, threads: int) -> float:
+    """The reference: one process, the same per-client computation."""
     cfg, ds, algo = prep.cfg, prep.dataset, prep.algorithm
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(threads)
     trainer = LocalTrainer(build_model("cnn", ds.feature_shape, ds.num_classes), ds.task)
     model = prep.env.init_weights.clone()
+    x, y = ds.client_train(0)  # warm-up (Opacus wrapping, allocator), as the engine gets one
+    trainer.train(model, x, y, algo.train_config(0), torch_generator(cfg.seed, 0, 0, "train"))
     start = time.perf_counter()
     for r in range(1, rounds + 1):
         updates, weights = [], []
@@ -119,6 +134,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--dp", action="store_true", help="DP-SGD (Opacus) on the clients")
+    p.add_argument("--loop-threads", type=int, nargs="*", help="torch threads of the loop(s)")
     args = p.parse_args()
     name, cfg = config(args)
     prep = prepare(cfg, get_algorithm("fedavg"), Environment)
@@ -127,10 +143,14 @@ def main() -> None:
         f"data: {name}, clients: {args.clients}, rounds: {args.rounds}, dp: {args.dp}, "
         f"cores: {os.cpu_count()}, workers: {args.workers}"
     )
-    plain_loop(prep, 1) if args.clients <= 50 else None  # warm-up of the loop's own caches
-    loop_s = plain_loop(prep, args.rounds)
+    # The loop with every core as torch threads and with one thread: on a busy machine extra
+    # threads can slow small convolutions down; the faster of the two is the reference.
+    threads = args.loop_threads or sorted({1, os.cpu_count() or 1})
+    loops = {t: plain_loop(prep, args.rounds, t) for t in threads}
+    for t, sec in loops.items():
+        print(f"plain loop, {t} thread(s): {updates / sec:.1f} client updates/s ({sec:.1f} s)")
+    loop_s = min(loops.values())
     engine_s = engine(prep, args.rounds)
-    print(f"plain loop: {updates / loop_s:.1f} client updates/s ({loop_s:.1f} s)")
     print(f"engine:     {updates / engine_s:.1f} client updates/s ({engine_s:.1f} s)")
     print(f"engine/loop speed ratio: {loop_s / engine_s:.2f}")
 
