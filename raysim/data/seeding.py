@@ -1,27 +1,18 @@
-"""Named random streams for the data layer.
+"""Named random streams for the data layer, on the run-wide seeding scheme (raysim.seeding).
 
-Every random choice draws from ``default_rng([DATA_DOMAIN, seed, purpose])``, so one run seed gives
-the same population bit for bit, and changing how one step uses randomness (say the Dirichlet
-draw) cannot shift the stream of another (say the train/test split). No global state is touched.
+Each step of building the population (allocation, Dirichlet draw, split, synthetic weights...)
+has its own stream, so changing how one step uses randomness cannot shift another's.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-DATA_DOMAIN = 0xDA7A  # keeps data streams apart from other components seeding with [seed, code]
-
-PURPOSES: dict[str, int] = {
-    "allocate": 1,
-    "dirichlet": 2,
-    "split": 3,
-    "synthetic_weights": 4,
-    "synthetic_samples": 5,
-}
+from raysim.seeding import SERVER, numpy_rng
 
 
 def rng_for(seed: int, purpose: str) -> np.random.Generator:
-    """The generator for one ``purpose`` (a key of ``PURPOSES``) of run ``seed`` (>= 0)."""
+    """The generator of one data-building ``purpose`` of run ``seed`` (>= 0)."""
     if int(seed) < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed}")
-    return np.random.default_rng([DATA_DOMAIN, int(seed), PURPOSES[purpose]])
+    return numpy_rng(int(seed), 0, SERVER, f"data/{purpose}")
