@@ -13,17 +13,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from dp_accounting import ComposedDpEvent, SelfComposedDpEvent
 
 from raysim.config import PrivacyConfig
 from raysim.privacy import (
+    BudgetError,
     Phase,
     calibrate_central,
     calibrate_dpsgd,
     central_round_event,
     dpsgd_event,
     epsilon,
+    selection_event,
 )
 from raysim.training import TrainConfig, sampling_plan
+
+
+def refuse_over_budget(planned: float, privacy: PrivacyConfig) -> None:
+    """With a fixed noise multiplier, the plan must still fit the budget (privacy.epsilon)."""
+    if privacy.epsilon is not None and planned > privacy.epsilon * (1 + 1e-9):
+        raise BudgetError(
+            f"privacy.noise_multiplier={privacy.noise_multiplier} spends eps={planned:.3f} over "
+            f"the planned schedule, above the budget privacy.epsilon={privacy.epsilon}: raise the "
+            "noise, lower rounds or epochs, or raise the budget"
+        )
 
 
 def dpsgd_round_phase(n: int, train: TrainConfig) -> Phase:
@@ -49,8 +62,9 @@ class SampleLevelPlan:
 
     def __post_init__(self) -> None:
         count, sel_eps = self.selections
+        fixed = self.privacy.noise_multiplier is not None
         for n in sorted(set(int(s) for s in self.train_sizes)):
-            if self.privacy.noise_multiplier is not None:
+            if fixed:
                 self.noise[n] = self.privacy.noise_multiplier
             else:
                 self.noise[n] = calibrate_dpsgd(
@@ -61,6 +75,8 @@ class SampleLevelPlan:
                     selections=count,
                     accountant=self.privacy.accountant,
                 )
+        if fixed:
+            refuse_over_budget(self.planned_epsilon(), self.privacy)
 
     def noise_multiplier(self, client: int) -> float:
         return self.noise[int(self.train_sizes[client])]
@@ -69,14 +85,16 @@ class SampleLevelPlan:
         n = int(self.train_sizes[client])
         return dpsgd_event([self.schedule(n)[round - 1]], self.noise[n])
 
-    def planned_epsilon(self) -> float:
-        """The worst client's eps over the whole planned schedule (no selections)."""
-        return max(
-            epsilon(
-                dpsgd_event(list(self.schedule(n)), z), self.privacy.delta, self.privacy.accountant
-            )
-            for n, z in self.noise.items()
+    def planned_event(self, n: int) -> Any:
+        count, sel_eps = self.selections
+        return ComposedDpEvent(
+            [dpsgd_event(list(self.schedule(n)), self.noise[n]), selection_event(sel_eps, count)]
         )
+
+    def planned_epsilon(self) -> float:
+        """The worst client's eps over the whole planned schedule, selections included."""
+        p = self.privacy
+        return max(epsilon(self.planned_event(n), p.delta, p.accountant) for n in self.noise)
 
     def summary(self) -> dict[str, Any]:
         zs = list(self.noise.values())
@@ -111,6 +129,8 @@ class CentralPlan:
         if p.noise_multiplier is not None:
             self.noise = ratio = p.noise_multiplier
             self.id_noise = None if self.id_noise_ratio is None else ratio * self.id_noise_ratio
+            planned = SelfComposedDpEvent(self.round_event(), self.rounds)
+            refuse_over_budget(epsilon(planned, p.delta, p.accountant), p)
             return
         calibrated = calibrate_central(
             self.rounds,

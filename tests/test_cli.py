@@ -111,3 +111,15 @@ def test_run_end_to_end_writes_every_result_file(ray_session, tmp_path, capsys):
     assert main(["report", str(out)]) == 0
     assert (out / "accuracy.png").is_file()
     assert "fedavg" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["sample", "client"])
+def test_fixed_noise_over_budget_is_refused_before_start(mode, tmp_path, capsys):
+    delta = 0.01 if mode == "client" else 1e-3  # below 1/num_clients resp. 1/smallest client
+    sets = small_config(**{"privacy.mode": mode, "privacy.delta": delta, "rounds": 20})
+    sets += ["privacy.noise_multiplier=0.3", "privacy.epsilon=1"]
+    code = main(["run", "--out", str(tmp_path / "o"), *sum((["--set", s] for s in sets), [])])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "privacy.epsilon=1" in err and "privacy.noise_multiplier=0.3" in err
+    assert not (tmp_path / "o").exists()
