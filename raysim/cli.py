@@ -47,19 +47,43 @@ def _progress(cfg: ExperimentConfig, label: str):
     return bar, update
 
 
-def run_one(prep: Any, out: Path) -> dict[str, Any]:
+def run_one(prep: Any, out: Path, resume: bytes | None = None) -> dict[str, Any]:
     from raysim.experiment import run_prepared
 
     cfg = prep.cfg
     bar, update = _progress(cfg, f"{cfg.algorithm.name}")
     try:
-        run_prepared(prep, out, on_round=update)
+        run_prepared(prep, out, on_round=update, resume=resume)
     finally:
         bar.close()
     return json.loads((out / "summary.json").read_text())
 
 
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Continue RUN_DIR from its checkpoint, with the config it was started with."""
+    from raysim.runtime.checkpoint import load_checkpoint
+
+    run_dir = Path(args.resume)
+    if args.config or args.algorithms or args.out:
+        raise ConfigError("--resume takes the run directory only (its config.yaml is used)")
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"run directory {str(run_dir)!r} has no config.yaml")
+    cfg = load_config(run_dir / "config.yaml", list(args.set or []))
+    prep = _prepare(cfg)
+    blob = load_checkpoint(run_dir)
+    if blob is None:
+        print(f"raysim: {run_dir} has no checkpoint: starting from round 1", file=sys.stderr)
+    run_one(prep, run_dir, resume=blob)
+    print(f"results: {run_dir}", file=sys.stderr)
+    from raysim.metrics.report import comparison_table
+
+    print(comparison_table([run_dir]))
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.resume:
+        return cmd_resume(args)
     demo = args.config is None
     named = any(item.startswith("algorithm.name=") for item in args.set or [])
     default = DEMO_ALGORITHMS if demo and not named else []
@@ -125,6 +149,7 @@ def parser() -> argparse.ArgumentParser:
     with_config(run)
     run.add_argument("--out", help="result directory (default: runs/NAME-TIME)")
     run.add_argument("--algorithms", help="comma-separated: run the config under each")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
     run.set_defaults(func=cmd_run)
 
     rep = sub.add_parser("report", help="compare finished runs and redraw their plots")
@@ -141,6 +166,10 @@ def parser() -> argparse.ArgumentParser:
     with_config(priv)
     priv.add_argument("--json", action="store_true")
     priv.set_defaults(func=cmd_privacy)
+
+    from tune.sweep import add_sweep_parser
+
+    add_sweep_parser(sub)
     return p
 
 

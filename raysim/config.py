@@ -135,6 +135,8 @@ class RuntimeConfig(_Section):
     actor_per_client: bool = False
     progress: bool = True
     round_timeout_s: float = Field(3600.0, gt=0)
+    checkpoint_every: int = Field(1, ge=0)  # rounds between checkpoints; 0: none
+    max_coordinator_restarts: int = Field(3, ge=0)  # from the last checkpoint, in one session
 
     @field_validator("gpus_per_worker")
     @classmethod

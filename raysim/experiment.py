@@ -79,10 +79,20 @@ def prepare(cfg: ExperimentConfig, algorithm_cls: Callable[[Any], Any], env_cls:
     return Prepared(cfg, ds, algorithm, env)
 
 
-def run_prepared(prep: Prepared, out_dir: Path, on_round: Callable[[dict], None] | None = None):
+def run_prepared(
+    prep: Prepared,
+    out_dir: Path,
+    on_round: Callable[[dict], None] | None = None,
+    resume: bytes | None = None,
+):
+    """Run and write the results. config.yaml is written first and metrics.parquet and the
+    checkpoint as rounds finish, so `raysim run --resume out_dir` can continue a dead run."""
+    from raysim.config import dump_config
     from raysim.metrics.results import write_results
     from raysim.runtime.session import run_session
 
-    results = run_session(prep, on_round=on_round)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(dump_config(prep.cfg))
+    results = run_session(prep, on_round=on_round, out_dir=out_dir, resume=resume)
     write_results(out_dir, prep, results)
     return results

@@ -7,6 +7,7 @@ data and the arithmetic.
 
 from __future__ import annotations
 
+import pickle
 import time
 from typing import Any
 
@@ -20,6 +21,26 @@ from raysim.protocol import EvalReport, RoundPlan
 from raysim.runtime.pool import WorkerPool, balance_shards
 from raysim.runtime.worker import ClientWorker
 from raysim.seeding import SERVER, numpy_rng
+
+CHECKPOINT_FIELDS = (
+    "round",
+    "state",
+    "client_states",
+    "ledger",
+    "history",
+    "last_eval",
+    "algorithm",
+)
+
+
+def worker_placement() -> dict[str, Any]:
+    """Spread workers over the nodes, unless a placement group (a Tune trial) already decides."""
+    try:
+        if ray.util.get_current_placement_group() is not None:
+            return {}
+    except Exception:  # outside Ray (unit tests)
+        return {}
+    return {"scheduling_strategy": "SPREAD"}
 
 
 class Coordinator:
@@ -51,6 +72,7 @@ class Coordinator:
             num_cpus=rt.cpus_per_worker,
             num_gpus=num_gpus_per_worker,
             max_restarts=-1,
+            **worker_placement(),
         )
         model_kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
 
@@ -124,6 +146,19 @@ class Coordinator:
         plan = self.algorithm.plan_evaluation(self.state)
         reports = self._execute("evaluate", plan)
         return sorted(reports, key=lambda rep: rep.client_id)
+
+    def snapshot(self) -> bytes:
+        """A checkpoint: everything that changes between rounds. Random generators need no saving:
+        every draw is keyed by (seed, round, client, purpose), so round r+1 after a restore draws
+        exactly what it would have drawn in an uninterrupted run."""
+        return pickle.dumps({k: getattr(self, k) for k in CHECKPOINT_FIELDS})
+
+    def restore(self, blob: bytes) -> tuple[int, list[dict[str, Any]]]:
+        """Continue from a snapshot; returns the last completed round and the history so far."""
+        saved = pickle.loads(blob)
+        for k in CHECKPOINT_FIELDS:
+            setattr(self, k, saved[k])
+        return self.round, list(self.history)
 
     def results(self) -> dict[str, Any]:
         return {

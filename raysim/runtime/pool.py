@@ -42,6 +42,9 @@ class WorkerPool:
 
     def _replace(self, index: int) -> None:
         log.warning("worker %d lost: starting a replacement", index)
+        # Ray would also restart the lost actor (max_restarts): stop that, or the restart and the
+        # replacement both hold the worker's CPUs, which a cluster short of a node lacks.
+        ray.kill(self.workers[index], no_restart=True)
         self.workers[index] = self._make(index)
         self.replaced += 1
 

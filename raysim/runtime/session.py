@@ -5,15 +5,22 @@ The driver only starts the coordinator and shows progress; the coordinator runs 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raysim.config import RuntimeConfig
+from raysim.runtime.checkpoint import save_checkpoint, write_partial_metrics
 from raysim.runtime.coordinator import Coordinator
+
+log = logging.getLogger(__name__)
 
 
 def ensure_ray(rt: RuntimeConfig) -> bool:
@@ -39,31 +46,82 @@ def gpus_per_worker(rt: RuntimeConfig, cluster_gpus: float) -> float:
     return float(rt.gpus_per_worker)
 
 
-def run_session(prep: Any, on_round: Callable[[dict], None] | None = None) -> dict[str, Any]:
+def _start_coordinator(prep: Any, data_ref: Any, gpus: float) -> Any:
+    """The coordinator stays next to the driver (the head on a cluster) unless a Tune trial's
+    placement group decides: a worker node that goes away then never takes it along."""
+    opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1}
+    if ray.util.get_current_placement_group() is None:
+        here = ray.get_runtime_context().get_node_id()
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=True)
+    return (
+        ray.remote(Coordinator)
+        .options(**opts)
+        .remote(prep.cfg, prep.algorithm, [data_ref], prep.env.true_clusters, gpus)
+    )
+
+
+def run_session(
+    prep: Any,
+    on_round: Callable[[dict], None] | None = None,
+    out_dir: Path | None = None,
+    resume: bytes | None = None,
+    gpus: float | None = None,
+) -> dict[str, Any]:
+    """Run the remaining rounds. With `out_dir`, metrics.parquet and a checkpoint (every
+    `runtime.checkpoint_every` rounds) are written as rounds finish; `resume` is a checkpoint to
+    continue from; `gpus` (per worker) overrides `runtime.gpus_per_worker` (a Tune trial passes its
+    bundles' share). A lost coordinator is restarted from the last checkpoint (kept in memory)."""
     cfg = prep.cfg
-    started = ensure_ray(cfg.runtime)
+    rt = cfg.runtime
+    started = ensure_ray(rt)
     t0 = time.perf_counter()
+    timeout = rt.round_timeout_s
+    coordinator = None
     try:
-        gpus = gpus_per_worker(cfg.runtime, ray.cluster_resources().get("GPU", 0.0))
+        if gpus is None:
+            gpus = gpus_per_worker(rt, ray.cluster_resources().get("GPU", 0.0))
         data_ref = ray.put(prep.dataset)  # once: workers read it zero-copy
-        coordinator = (
-            ray.remote(Coordinator)
-            .options(num_cpus=0, max_concurrency=1)
-            .remote(cfg, prep.algorithm, [data_ref], prep.env.true_clusters, gpus)
-        )
-        timeout = cfg.runtime.round_timeout_s
-        workers = ray.get(coordinator.info.remote(), timeout=timeout)
-        for _ in range(cfg.rounds):
-            row = ray.get(coordinator.step.remote(), timeout=timeout)
+        blob = resume
+        done, rows = 0, []
+        restarts = 0
+        while True:
+            try:
+                if coordinator is None:
+                    coordinator = _start_coordinator(prep, data_ref, gpus)
+                    workers = ray.get(coordinator.info.remote(), timeout=timeout)
+                    done, rows = 0, []
+                    if blob is not None:
+                        done, rows = ray.get(coordinator.restore.remote(blob), timeout=timeout)
+                if done >= cfg.rounds:
+                    break
+                row = ray.get(coordinator.step.remote(), timeout=timeout)
+            except RayActorError as exc:
+                restarts += 1
+                if restarts > rt.max_coordinator_restarts:
+                    raise
+                log.warning("coordinator lost after round %d (%s): restarting", done, exc)
+                coordinator = None
+                continue
+            done += 1
+            rows.append(row)
+            every = rt.checkpoint_every
+            if every and (done % every == 0 or done == cfg.rounds):
+                blob = ray.get(coordinator.snapshot.remote(), timeout=timeout)
+                if out_dir is not None:
+                    save_checkpoint(out_dir, blob)
+            if out_dir is not None:
+                write_partial_metrics(out_dir, rows)
             if on_round:
                 on_round(row)
         results = ray.get(coordinator.results.remote(), timeout=timeout)
         ray.get(coordinator.shutdown.remote(), timeout=timeout)
-        ray.kill(coordinator)
         results["workers"] = workers
         results["gpus_per_worker"] = gpus
         results["wall_seconds"] = time.perf_counter() - t0
+        results["coordinator_restarts"] = restarts
         return results
     finally:
+        if coordinator is not None:  # a failed run must not leave its actors holding CPUs
+            ray.kill(coordinator)
         if started:
             ray.shutdown()

@@ -1,0 +1,42 @@
+"""Run-directory files written while a run is going: the checkpoint and the partial metrics.
+
+Both are replaced atomically (write, then rename), so a run killed at any instant leaves the
+previous complete version: nothing already written is lost, and `raysim run --resume RUN_DIR`
+starts from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+CHECKPOINT = "checkpoint.pkl"
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(run_dir: Path, blob: bytes) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_write(run_dir / CHECKPOINT, blob)
+
+
+def load_checkpoint(run_dir: Path) -> bytes | None:
+    path = run_dir / CHECKPOINT
+    return path.read_bytes() if path.is_file() else None
+
+
+def write_partial_metrics(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """metrics.parquet with the rounds done so far (the final write replaces it)."""
+    from raysim.metrics.results import _table
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / "metrics.parquet.tmp"
+    pq.write_table(_table(rows), tmp)
+    os.replace(tmp, run_dir / "metrics.parquet")

@@ -1,0 +1,125 @@
+"""Sweep files: a base experiment config, `--set` overrides and a search space over dotted keys.
+
+    base: ../../configs/rdpcfl_quick.yaml   # relative to this file
+    name: eps-x-algorithm                    # optional (default: the file's stem)
+    set: [rounds=6]                          # optional overrides of the base, as --set
+    metric: accuracy                         # optional (default accuracy, mode max)
+    num_samples: 1                           # optional: repeats of the grid / random draws
+    space:
+      privacy.epsilon: {grid: [1, 2, 4, 8]}
+      algorithm.name: {grid: [rdpcfl, ifca]}
+      training.lr: {loguniform: [0.001, 0.1]}
+      training.sampling_rate: {uniform: [0.5, 1.0]}
+      algorithm.num_clusters: {choice: [2, 3, 4]}
+
+Every value a trial may take is validated against the experiment schema here, before Ray starts
+(ranges at their two ends).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raysim.config import ConfigError, apply_overrides, build_config
+
+KINDS = ("grid", "choice", "loguniform", "uniform", "randint")
+TOP_KEYS = {"base", "name", "set", "metric", "mode", "num_samples", "space", "scheduler"}
+
+
+@dataclass
+class Sweep:
+    name: str
+    base: dict[str, Any]  # raw base config with the overrides applied
+    space: dict[str, dict[str, Any]]  # dotted key -> {kind: values}
+    metric: str = "accuracy"
+    mode: str = "max"
+    num_samples: int = 1
+    scheduler: str | None = None
+    overrides: list[str] = field(default_factory=list)
+
+    def param_space(self) -> dict[str, Any]:
+        from ray import tune
+
+        out: dict[str, Any] = {}
+        for key, spec in self.space.items():
+            ((kind, values),) = spec.items()
+            if kind == "grid":
+                out[key] = tune.grid_search(list(values))
+            elif kind == "choice":
+                out[key] = tune.choice(list(values))
+            else:
+                out[key] = getattr(tune, kind)(*values)
+        return out
+
+
+def trial_config(base: dict[str, Any], params: dict[str, Any]):
+    """The ExperimentConfig of one trial: base + the trial's dotted-key values."""
+    raw = yaml.safe_load(yaml.safe_dump(base))  # a deep copy
+    items = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}" for k, v in params.items()]
+    items = [i.removesuffix("\n...").removesuffix(" ...") for i in items]
+    return build_config(apply_overrides(raw, items))
+
+
+def _values(key: str, spec: Any) -> list[Any]:
+    if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in KINDS:
+        raise ConfigError(f"space.{key}: expected one of {{{', '.join(KINDS)}: ...}}, got {spec!r}")
+    ((kind, values),) = spec.items()
+    if not isinstance(values, list) or not values:
+        raise ConfigError(f"space.{key}.{kind}: expected a non-empty list")
+    if kind in ("loguniform", "uniform", "randint"):
+        if len(values) != 2 or not values[0] < values[1]:
+            raise ConfigError(f"space.{key}.{kind}: expected [low, high] with low < high")
+        if kind == "loguniform" and values[0] <= 0:
+            raise ConfigError(f"space.{key}.loguniform: the low end must be > 0")
+    return values
+
+
+def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"sweep file {str(p)!r} does not exist")
+    raw = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"sweep file {str(p)!r} must hold a mapping")
+    unknown = set(raw) - TOP_KEYS
+    if unknown:
+        raise ConfigError(
+            f"sweep file: unknown keys {sorted(unknown)}; allowed: {sorted(TOP_KEYS)}"
+        )
+    base: dict[str, Any] = {}
+    if raw.get("base"):
+        base_path = (p.parent / raw["base"]).resolve()
+        if not base_path.is_file():
+            raise ConfigError(f"sweep base config {str(base_path)!r} does not exist")
+        base = yaml.safe_load(base_path.read_text()) or {}
+    sets = list(raw.get("set") or []) + list(overrides or [])
+    base = apply_overrides(base, sets)
+    build_config(yaml.safe_load(yaml.safe_dump(base)))  # the base alone must be valid
+    space = raw.get("space") or {}
+    if not isinstance(space, dict) or not space:
+        raise ConfigError("sweep file: `space` must map dotted config keys to {grid|choice|...}")
+    from algorithms import get_algorithm
+
+    for key, spec in space.items():
+        for value in _values(key, spec):
+            try:
+                get_algorithm(trial_config(base, {key: value}).algorithm.name)
+            except ConfigError as exc:
+                raise ConfigError(f"space.{key} = {value!r}: {exc}") from None
+    mode = raw.get("mode", "max")
+    if mode not in ("max", "min"):
+        raise ConfigError(f"sweep file: mode must be max or min, got {mode!r}")
+    return Sweep(
+        name=str(raw.get("name") or p.stem),
+        base=base,
+        space=space,
+        metric=str(raw.get("metric", "accuracy")),
+        mode=mode,
+        num_samples=int(raw.get("num_samples", 1)),
+        scheduler=raw.get("scheduler"),
+        overrides=sets,
+    )
