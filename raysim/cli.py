@@ -88,7 +88,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     named = any(item.startswith("algorithm.name=") for item in args.set or [])
     default = DEMO_ALGORITHMS if demo and not named else []
     algorithms = args.algorithms.split(",") if args.algorithms else default
-    configs = [_config(args, [f"algorithm.name={a}"]) for a in algorithms] or [_config(args)]
+    from raysim.compare import for_algorithm  # drops algorithm.* keys the algorithm doesn't take
+
+    named_configs = [for_algorithm(_config(args, [f"algorithm.name={a}"])) for a in algorithms]
+    configs = named_configs or [_config(args)]
     preps = [_prepare(cfg) for cfg in configs]  # every user mistake surfaces before Ray starts
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path(args.out) if args.out else Path("runs") / f"{configs[0].name}-{stamp}"
@@ -167,6 +170,10 @@ def parser() -> argparse.ArgumentParser:
     priv.add_argument("--json", action="store_true")
     priv.set_defaults(func=cmd_privacy)
 
+    sub.add_parser(
+        "compare", help="one config under several algorithms and seeds (raysim compare -h)"
+    )
+
     from tune.sweep import add_sweep_parser
 
     add_sweep_parser(sub)
@@ -174,6 +181,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["compare"]:  # its own parser and error handling: raysim/compare.py
+        from raysim.compare import main as compare_main
+
+        return compare_main(argv[1:])
     args = parser().parse_args(argv)
     try:
         return args.func(args)

@@ -16,6 +16,9 @@ COLUMNS = (
     ("minority", "accuracy_minority", "{:.3f}"),
     ("min acc", "accuracy_min", "{:.3f}"),
     ("ARI", "ari", "{:.2f}"),
+    ("M", "num_clusters", "{}"),
+    ("MSS", "gmm_mss", "{:.1f}"),
+    ("E_c", "switch_round", "{}"),
     ("wall s", "wall_seconds", "{:.0f}"),
 )
 

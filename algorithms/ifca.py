@@ -1,0 +1,82 @@
+"""DP-IFCA (f-CDPFL; Ghosh et al. 2020 with DP-SGD clients, Liu et al. 2022): M randomly
+initialised cluster models; in every round each client picks the model that fits its training
+data best (accuracy, or clipped loss: ``select_by``) — privately, with the exponential
+mechanism, charged to its ledger — trains it, and each cluster model moves by the mean of its
+members' updates.
+
+Extension point for client-level DP (RR-Cluster): the choice lives in ``client_step`` /
+``choose_cluster`` (client side) and the aggregation in
+``ClusteredAlgorithm.aggregate_clusters``, which already defers to the base's central noisy
+sum under a CentralPlan. A client-level variant adds "client" to ``privacy_modes``, makes the
+client report its exact choice and privatizes the one-hot identifiers on the server
+(``raysim.privacy.privatize_onehot``) before grouping the reports, with the identifier noise
+in its CentralPlan (``id_noise_ratio``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from algorithms.clustered import (
+    ClusteredAlgorithm,
+    ClusterState,
+    SelectionParams,
+    random_models,
+)
+from raysim.protocol import ClientReport, RoundPlan, ServerResult
+
+
+class IFCAParams(SelectionParams):
+    random_init: bool = True  # False: every cluster starts from the shared initial model
+
+
+class IFCA(ClusteredAlgorithm):
+    name = "ifca"
+    Params = IFCAParams
+
+    def selection_window(self) -> int:
+        return math.ceil(self.params.selection_fraction * self.cfg.rounds)
+
+    def reserved_selections(self) -> int:
+        return min(self.cfg.rounds, self.selection_window())
+
+    def may_select(self, round: int) -> bool:
+        return round <= self.selection_window()
+
+    def init_state(self, rng: np.random.Generator) -> ClusterState:
+        m = self.default_num_clusters()
+        if self.params.random_init:
+            models = random_models(self.env, m, int(rng.integers(2**31 - 1)))
+        else:
+            models = [self.env.init_weights.clone() for _ in range(m)]
+        return ClusterState(models)
+
+    def plan_round(self, state: ClusterState, round: int, rng: np.random.Generator) -> RoundPlan:
+        cohort = self.cohort(rng)
+        if round <= self.selection_window() or state.assigned is None:
+            tasks = [self.selecting_task(c) for c in cohort]
+        else:  # after the selection window: keep the last choice
+            tasks = [self.task(c, cluster=int(state.assigned[c])) for c in cohort]
+        return RoundPlan(tasks, state.models)
+
+    def server_step(
+        self,
+        state: ClusterState,
+        plan: RoundPlan,
+        reports: list[ClientReport],
+        rng: np.random.Generator,
+    ) -> ServerResult:
+        charges = self.privacy_charges(plan.round, reports) + self.selection_charges(reports)
+        models = self.aggregate_clusters(state.models, reports, rng)
+        assigned = (
+            np.zeros(self.env.num_clients, dtype=np.int64)
+            if state.assigned is None
+            else state.assigned.copy()
+        )
+        for r in reports:
+            if r.cluster is not None:
+                assigned[r.client_id] = r.cluster
+        metrics = self.cluster_metrics(assigned, len(models))
+        return ServerResult(ClusterState(models, assigned, state.info), charges, metrics)

@@ -1,0 +1,83 @@
+"""KM-CDPFL: clustering by k-means on the clients' model updates in every round (the gradient
+clustering of Werner et al. 2023, Alg. 1, with DP-SGD clients; paper 002, B.4).
+
+Updates are only comparable when computed from the same model, so in every round each client
+trains every one of the M cluster models (M DP-SGD runs, all charged: the noise is calibrated
+for M * E rounds of DP-SGD) and sends the M updates. The server runs k-means (k-means++,
+sklearn) on the concatenated updates, relabels the groups to agree most with last round's
+assignment (Hungarian matching), and moves cluster model k by the mean of its members'
+updates computed at model k. All cluster models start from the shared initial model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from algorithms.clustered import ClusteredAlgorithm, ClusterState
+from raysim.clustering import kmeans, match_labels, prepare_features
+from raysim.planning import dpsgd_round_phase
+from raysim.privacy import Phase
+from raysim.protocol import ClientContext, ClientReport, ClientTask, RoundPlan, ServerResult
+
+
+class KMeansParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kmeans_n_init: int = Field(10, gt=0)
+
+
+class KMeansCFL(ClusteredAlgorithm):
+    name = "kmeans_cfl"
+    Params = KMeansParams
+
+    def dpsgd_schedule(self, n: int) -> list[Phase]:
+        one = dpsgd_round_phase(n, self.base_train_config())
+        m = self.default_num_clusters()
+        return [Phase(one.sampling_rate, one.steps * m)] * self.cfg.rounds
+
+    def init_state(self, rng: np.random.Generator) -> ClusterState:
+        m = self.default_num_clusters()
+        return ClusterState([self.env.init_weights.clone() for _ in range(m)])
+
+    def plan_round(self, state: ClusterState, round: int, rng: np.random.Generator) -> RoundPlan:
+        return RoundPlan([self.task(c, cluster=None) for c in self.cohort(rng)], state.models)
+
+    def client_step(self, task: ClientTask, ctx: ClientContext) -> ClientReport:
+        x, y = ctx.train_data()
+        updates, loss = [], float("nan")
+        for m, w in enumerate(ctx.models):
+            res = ctx.trainer.train(w, x, y, task.train, ctx.generator(f"train_model{m}"))
+            updates.append(res.update)
+            loss = res.train_loss
+        return ClientReport(task.client_id, torch.stack(updates), len(x), None, loss)
+
+    def server_step(
+        self,
+        state: ClusterState,
+        plan: RoundPlan,
+        reports: list[ClientReport],
+        rng: np.random.Generator,
+    ) -> ServerResult:
+        m = len(state.models)
+        charges = self.privacy_charges(plan.round, reports)
+        assigned = (
+            np.zeros(self.env.num_clients, dtype=np.int64)
+            if state.assigned is None
+            else state.assigned.copy()
+        )
+        if not reports:
+            return ServerResult(state, charges)
+        seed = int(rng.integers(2**31 - 1))
+        feats = prepare_features(np.stack([r.update.reshape(-1).double().numpy() for r in reports]))
+        labels = kmeans(feats, m, seed, self.params.kmeans_n_init)
+        ids = np.array([r.client_id for r in reports])
+        labels = match_labels(assigned[ids], labels, m)
+        assigned[ids] = labels
+        models = []
+        lr = self.cfg.algorithm.server_lr
+        for k, model in enumerate(state.models):
+            members = [r.update[k] for r, lab in zip(reports, labels, strict=True) if lab == k]
+            models.append(model + lr * torch.stack(members).mean(0) if members else model)
+        metrics = self.cluster_metrics(assigned, m)
+        return ServerResult(ClusterState(models, assigned, state.info), charges, metrics)

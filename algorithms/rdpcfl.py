@@ -1,0 +1,167 @@
+"""R-DPCFL (paper 000, Algorithm 1): robust sample-level DP clustered FL in three stages.
+
+1. Round 1: every client runs DP-SGD from the initial model with a full batch (b1 = N_i, one
+   step per local epoch; the trainer accumulates physical chunks so memory stays bounded). The
+   server fits a spherical GMM on these updates (raysim.clustering), reads its confidence MSS
+   and uncertainty MPO = 2Q(MSS), sets E_c = floor((1 - MPO) E / 2) and, when
+   ``algorithm.num_clusters`` is not given, M = argmax MSS over ``num_clusters_candidates``.
+   The round-1 updates only cluster: every cluster model restarts from the initial model.
+2. Rounds 2..E_c: each client's cluster is drawn from its GMM posterior pi_i (by the server:
+   post-processing, no privacy cost); batch size b.
+3. Rounds > E_c: clients get all M models and pick the one that fits their training data best
+   (accuracy by default, or clipped loss: ``select_by``) with the exponential mechanism
+   (eps_select each, charged to their ledger); see algorithms/clustered.py.
+
+Aggregation: cluster model += plain mean of its members' updates.
+
+Privacy: z_i is calibrated per train size for the whole two-phase schedule (round 1 at q = 1,
+then Poisson rate b/N) composed with the selections. E_c is only known after round 1, so the
+calibration reserves the most selections the run can make (E - 1, or the selection window);
+a client that makes fewer ends below the requested epsilon, never above.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from algorithms.clustered import ClusteredAlgorithm, ClusterState, SelectionParams
+from raysim.clustering import (
+    fit_gmm,
+    prepare_features,
+    sample_assignments,
+    select_num_clusters,
+    switch_round,
+)
+from raysim.planning import dpsgd_round_phase
+from raysim.privacy import Phase
+from raysim.protocol import ClientReport, RoundPlan, ServerResult
+
+
+class RDPCFLParams(SelectionParams):
+    num_clusters_candidates: list[int] = Field(default_factory=lambda: list(range(2, 9)))
+    # Optional projection of the updates before the GMM (raysim.clustering.prepare_features):
+    # "none" is the paper; "pca" with pca_components "auto" keeps the signal directions only.
+    projection: Literal["none", "pca"] = "none"
+    pca_components: int | Literal["auto"] | None = "auto"
+    gmm_covariance: Literal["shared", "spherical"] = "shared"
+    full_batch_first_round: bool = True  # False: the ablation of paper Fig. 5 (left)
+    gmm_max_iter: int = Field(100, gt=0)
+    gmm_n_init: int = Field(10, gt=0)
+
+
+class RDPCFL(ClusteredAlgorithm):
+    name = "rdpcfl"
+    Params = RDPCFLParams
+
+    # -- privacy -----------------------------------------------------------------------------
+    def dpsgd_schedule(self, n: int) -> list[Phase]:
+        base = self.base_train_config()
+        later = dpsgd_round_phase(n, base)
+        first = later
+        if self.params.full_batch_first_round:
+            first = dpsgd_round_phase(n, replace(base, full_batch=True))
+        return [first] + [later] * (self.cfg.rounds - 1)
+
+    def selection_window(self) -> int:
+        """How many rounds of the selection stage clients choose in (the rest keep)."""
+        return math.ceil(self.params.selection_fraction * self.cfg.rounds)
+
+    def reserved_selections(self) -> int:
+        return max(0, min(self.cfg.rounds - 1, self.selection_window()))
+
+    def may_select(self, round: int) -> bool:
+        # worst case E_c = 1 (a GMM with MPO ~ 1): choices in rounds 2 .. 1 + window
+        return 2 <= round <= 1 + self.selection_window()
+
+    # -- rounds ------------------------------------------------------------------------------
+    def init_state(self, rng: np.random.Generator) -> ClusterState:
+        return ClusterState([self.env.init_weights.clone()])
+
+    def stage(self, state: ClusterState, round: int) -> int:
+        if round == 1 or state.info.get("switch_round") is None:
+            return 1
+        return 2 if round <= state.info["switch_round"] else 3
+
+    def plan_round(self, state: ClusterState, round: int, rng: np.random.Generator) -> RoundPlan:
+        stage = self.stage(state, round)
+        if stage == 1:  # everyone: the GMM needs every client's update
+            full = self.params.full_batch_first_round
+            tasks = [self.task(c, cluster=0) for c in range(self.env.num_clients)]
+            if full:
+                for t in tasks:
+                    t.train = self.train_config(t.client_id, full_batch=True)
+            return RoundPlan(tasks, [self.env.init_weights], {"stage": 1})
+        cohort = self.cohort(rng)
+        if stage == 2:
+            drawn = sample_assignments(state.info["posteriors"], rng)
+            tasks = [self.task(c, cluster=int(drawn[c])) for c in cohort]
+        elif round <= state.info["switch_round"] + self.selection_window():
+            tasks = [self.selecting_task(c) for c in cohort]
+        else:  # after the selection window: keep the last choice
+            tasks = [self.task(c, cluster=int(state.assigned[c])) for c in cohort]
+        return RoundPlan(tasks, state.models, {"stage": stage})
+
+    def server_step(
+        self,
+        state: ClusterState,
+        plan: RoundPlan,
+        reports: list[ClientReport],
+        rng: np.random.Generator,
+    ) -> ServerResult:
+        charges = self.privacy_charges(plan.round, reports) + self.selection_charges(reports)
+        if plan.info["stage"] == 1:
+            new_state, metrics = self.fit_clusters(reports, rng)
+            metrics["stage"] = 1
+            return ServerResult(new_state, charges, metrics)
+        models = self.aggregate_clusters(state.models, reports, rng)
+        assigned = state.assigned.copy()
+        for r in reports:  # stage 3: the clients' choices; stage 2 keeps the GMM's labels
+            if r.extra.get("selected"):
+                assigned[r.client_id] = r.cluster
+        info = state.info
+        metrics = {**info["metrics"], "stage": plan.info["stage"]}
+        metrics.update(self.cluster_metrics(assigned, len(models)))
+        return ServerResult(ClusterState(models, assigned, info), charges, metrics)
+
+    def fit_clusters(
+        self, reports: list[ClientReport], rng: np.random.Generator
+    ) -> tuple[ClusterState, dict[str, float]]:
+        """Stage 1 on the server: GMM, MSS, MPO, E_c and (if not given) M."""
+        p = self.params
+        seed = int(rng.integers(2**31 - 1))
+        updates = np.stack([r.update.double().numpy() for r in reports])
+        x = prepare_features(updates, p.projection, p.pca_components, seed)
+        fit_kw = {
+            "max_iter": p.gmm_max_iter,
+            "n_init": p.gmm_n_init,
+            "covariance": p.gmm_covariance,
+        }
+        metrics: dict[str, float] = {}
+        if self.cfg.algorithm.num_clusters is not None:
+            gmm = fit_gmm(x, self.cfg.algorithm.num_clusters, seed, **fit_kw)
+        else:
+            m, fits = select_num_clusters(x, p.num_clusters_candidates, seed, **fit_kw)
+            gmm = fits[m]
+            metrics.update({f"mss_m{k}": f.mss for k, f in fits.items()})
+        e_c = switch_round(gmm.mpo, self.cfg.rounds)
+        metrics.update(
+            gmm_dims=x.shape[1],
+            gmm_mss=gmm.mss,
+            gmm_mpo=gmm.mpo,
+            switch_round=e_c,
+            num_clusters=gmm.num_clusters,
+            gmm_iterations=gmm.n_iter,
+            gmm_converged=gmm.converged,
+        )
+        posteriors = np.zeros((self.env.num_clients, gmm.num_clusters))
+        posteriors[[r.client_id for r in reports]] = gmm.posteriors
+        assigned = np.argmax(posteriors, axis=1)
+        models = [self.env.init_weights.clone() for _ in range(gmm.num_clusters)]
+        info = {"posteriors": posteriors, "switch_round": e_c, "metrics": dict(metrics)}
+        metrics.update(self.cluster_metrics(assigned, gmm.num_clusters))
+        return ClusterState(models, assigned, info), metrics

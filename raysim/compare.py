@@ -1,0 +1,304 @@
+"""`raysim compare`: one setup under several algorithms and seeds, and the paper's table.
+
+    raysim compare CONFIG --algorithms rdpcfl,ifca,fedavg,local --seeds 0,1,2 [--set k=v]
+                   [--out DIR] [--inline] [--report-only]
+
+Each (algorithm, seed) run writes its usual result directory under OUT/ALGORITHM/seedS; the
+table (mean +- std over seeds of the final All / Majority / Minority accuracy, the minimum client
+accuracy, how many seeds clustered every client correctly after round 1 and at the end, and
+R-DPCFL's chosen M, MSS and E_c) is printed and written to OUT/compare.md and compare.json.
+
+``--inline`` runs the rounds in this process, without Ray (``run_inline``): the same algorithm
+calls with the same seeded generators, so the same numbers as the engine on the same device;
+it serves machines without Ray (the GPU box) and tests. ``--report-only`` re-reads OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raysim.config import ConfigError, load_config
+
+# (column, metric in summary.json "final", scale)
+ACCURACY_COLUMNS = (
+    ("All", "accuracy"),
+    ("Majority", "accuracy_majority"),
+    ("Minority", "accuracy_minority"),
+    ("Min acc", "accuracy_min"),
+    ("Acc disparity", "accuracy_disparity"),
+)
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def run_inline(
+    prep: Any, on_round: Callable[[dict], None] | None = None, device: str | None = None
+) -> dict[str, Any]:
+    """The coordinator's round loop in one process (no Ray): the result dict of run_session."""
+    import torch
+
+    t0 = time.perf_counter()
+    cfg = prep.cfg
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.runtime.threads_per_worker)  # as a worker: same bits
+    try:
+        return _rounds(prep, on_round, dev, t0)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _rounds(prep: Any, on_round: Callable[[dict], None] | None, dev: str, t0: float) -> dict:
+    import torch
+
+    from raysim.metrics.evaluation import round_metrics
+    from raysim.models import build_model
+    from raysim.privacy import PrivacyLedger
+    from raysim.protocol import ClientContext
+    from raysim.seeding import SERVER, numpy_rng
+    from raysim.training import LocalTrainer
+
+    cfg, algo, ds = prep.cfg, prep.algorithm, prep.dataset
+    kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
+    trainer = LocalTrainer(
+        build_model(cfg.model.name, ds.feature_shape, ds.num_classes, **kwargs), ds.task, dev
+    )
+    client_algo = copy.deepcopy(algo)  # workers hold their own copy, as under Ray
+    truth = np.asarray(prep.env.true_clusters)
+    p = cfg.privacy
+    ledger = PrivacyLedger(
+        delta=p.delta, accountant=p.accountant, budget=p.epsilon if p.mode != "none" else None
+    )
+    state = algo.init_state(numpy_rng(cfg.seed, 0, SERVER, "init"))
+    client_states: dict[int, Any] = {}
+    history: list[dict[str, Any]] = []
+    last_eval: list[Any] = []
+
+    def execute(kind: str, plan: Any, r: int) -> list[Any]:
+        models = [m.detach().to("cpu", torch.float32).clone() for m in plan.models]
+        step = client_algo.client_step if kind == "train" else client_algo.client_evaluate
+        out = []
+        for t in plan.tasks:
+            if t.state is None and t.client_id in client_states:
+                t.state = client_states[t.client_id]
+            out.append(step(t, ClientContext(t.client_id, r, cfg.seed, trainer, ds, models)))
+        return sorted(out, key=lambda rep: rep.client_id)
+
+    for r in range(1, cfg.rounds + 1):
+        start = time.perf_counter()
+        plan = algo.plan_round(state, r, numpy_rng(cfg.seed, r, SERVER, "plan"))
+        plan.round = r
+        reports = execute("train", plan, r)
+        for rep in reports:
+            if rep.state is not None:
+                client_states[rep.client_id] = rep.state
+        result = algo.server_step(state, plan, reports, numpy_rng(cfg.seed, r, SERVER, "server"))
+        for charge in result.charges:
+            ledger.charge(r, charge.clients, charge.mechanism, charge.event, charge.params)
+        ledger.check_budget()
+        state = result.state
+        row: dict[str, Any] = {"round": r, "participants": len(reports), **result.metrics}
+        if r % cfg.training.eval_every == 0 or r == cfg.rounds:
+            last_eval = execute("evaluate", algo.plan_evaluation(state), r)
+            row.update(round_metrics(last_eval, truth, algo.assignments(state)))
+        row["epsilon"] = _max_epsilon(ledger, len(truth))
+        row["round_seconds"] = time.perf_counter() - start
+        history.append(row)
+        if on_round:
+            on_round(row)
+    return {
+        "history": history,
+        "eval": last_eval,
+        "assignments": algo.assignments(state),
+        "ledger_rows": ledger.rows(),
+        "client_epsilon": [ledger.epsilon(c) for c in range(len(truth))],
+        "ledger_summary": ledger.summary(),
+        "workers_replaced": 0,
+        "workers": [{"inline": True, "device": dev}],
+        "gpus_per_worker": 1.0 if dev.startswith("cuda") else 0.0,
+        "wall_seconds": time.perf_counter() - t0,
+    }
+
+
+def _max_epsilon(ledger: Any, num_clients: int) -> float:
+    if hasattr(ledger, "max_epsilon"):
+        return float(ledger.max_epsilon())
+    return max((ledger.epsilon(c) for c in range(num_clients)), default=0.0)
+
+
+def run_one(prep: Any, out: Path, inline: bool) -> None:
+    from raysim.metrics.results import write_results
+
+    if inline:
+        write_results(out, prep, run_inline(prep))
+    else:
+        from raysim.experiment import run_prepared
+
+        run_prepared(prep, out)
+
+
+# ------------------------------------------------------------------------------- the table
+
+
+def _mean_std(values: Sequence[float | None], scale: float = 100.0) -> str:
+    vals = [v * scale for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return "-"
+    std = float(np.std(vals)) if len(vals) > 1 else 0.0
+    return f"{np.mean(vals):.2f} ± {std:.2f}"
+
+
+def _first_row_value(run_dir: Path, column: str) -> Any:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(run_dir / "metrics.parquet")
+    if column not in table.column_names:
+        return None
+    return table.column(column).to_pylist()[0]
+
+
+def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every finished run under OUT/ALGORITHM/seedS, grouped by algorithm."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for summary_path in sorted(out.glob("*/seed*/summary.json")):
+        run_dir = summary_path.parent
+        s = json.loads(summary_path.read_text())
+        final = s.get("final", {})
+        row = {"seed": s["seed"], "dir": str(run_dir), "rounds": s["rounds"], **final}
+        row["ari_round1"] = _first_row_value(run_dir, "ari")
+        row["epsilon_spent"] = s.get("epsilon")
+        runs.setdefault(run_dir.parent.name, []).append(row)
+    return runs
+
+
+def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = None) -> str:
+    """Markdown: accuracies in %, mean ± std over seeds; clustering success as k/n seeds."""
+    names = [a for a in (order or runs) if a in runs]
+    head = ["algorithm", "seeds", "rounds"] + [c for c, _ in ACCURACY_COLUMNS]
+    head += ["ARI=1 after r1", "ARI=1 at end", "eps spent", "M", "MSS", "E_c"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for a in names:
+        rs = runs[a]
+        cells = [a, str(len(rs)), ",".join(sorted({str(r["rounds"]) for r in rs}))]
+        cells += [_mean_std([r.get(key) for r in rs]) for _, key in ACCURACY_COLUMNS]
+        for key in ("ari_round1", "ari"):
+            vals = [r.get(key) for r in rs if r.get(key) is not None]
+            cells.append(f"{sum(np.isclose(v, 1.0) for v in vals)}/{len(vals)}" if vals else "-")
+        cells.append(_mean_std([r.get("epsilon_spent") for r in rs], scale=1.0))
+        ms = [r.get("num_clusters") for r in rs if r.get("num_clusters") is not None]
+        cells.append(",".join(str(int(m)) for m in ms) if ms else "-")
+        cells.append(_mean_std([r.get("gmm_mss") for r in rs], scale=1.0))
+        ecs = [r.get("switch_round") for r in rs if r.get("switch_round") is not None]
+        cells.append(",".join(str(int(e)) for e in ecs) if ecs else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ CLI
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="raysim compare", description=__doc__.splitlines()[0])
+    p.add_argument("config", help="experiment YAML")
+    p.add_argument("--algorithms", default="rdpcfl,ifca,fedavg,local")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key")
+    p.add_argument("--out", help="result directory (default: runs/compare-NAME-TIME)")
+    p.add_argument("--inline", action="store_true", help="run in this process, without Ray")
+    p.add_argument("--report-only", action="store_true", help="only re-read OUT's runs")
+    return p
+
+
+def compare_main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    algorithms = [a for a in args.algorithms.split(",") if a]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        msg = f"--seeds: expected comma-separated integers, got {args.seeds!r}"
+        raise ConfigError(msg) from None
+    sets = list(args.set or [])
+    configs = [
+        for_algorithm(load_config(args.config, sets + [f"algorithm.name={a}", f"seed={s}"]))
+        for a in algorithms
+        for s in seeds
+    ]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("runs") / f"compare-{configs[0].name}-{stamp}"
+    if not args.report_only:
+        run_all(configs, out, args.inline)
+    runs = collect(out)
+    text = table(runs, algorithms)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.md").write_text(text + "\n")
+    (out / "compare.json").write_text(json.dumps(runs, indent=1, default=str))
+    print(text)
+    return 0
+
+
+def for_algorithm(cfg: Any) -> Any:
+    """The config without the ``algorithm.*`` keys its algorithm does not take, so one file can
+    carry e.g. rdpcfl's keys and still run fedavg (``raysim run`` refuses unknown keys)."""
+    from algorithms import get_algorithm
+    from raysim.config import build_config
+
+    fields = set(get_algorithm(cfg.algorithm.name).Params.model_fields)
+    drop = sorted(k for k in (cfg.algorithm.model_extra or {}) if k not in fields)
+    if not drop:
+        return cfg
+    keys = ", ".join(f"algorithm.{k}" for k in drop)
+    print(f"compare: {cfg.algorithm.name} does not take {keys}: left out", file=sys.stderr)
+    raw = cfg.model_dump()
+    for k in drop:
+        raw["algorithm"].pop(k)
+    return build_config(raw)
+
+
+def run_all(configs: list[Any], out: Path, inline: bool) -> None:
+    from algorithms import Environment, get_algorithm
+    from raysim.experiment import prepare
+
+    started = False
+    if not inline:  # one Ray for all the runs, not one start per run
+        from raysim.runtime.session import ensure_ray
+
+        started = ensure_ray(configs[0].runtime)
+    try:
+        for cfg in configs:
+            prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+            run_dir = out / cfg.algorithm.name / f"seed{cfg.seed}"
+            t0 = time.perf_counter()
+            run_one(prep, run_dir, inline)
+            print(
+                f"{cfg.algorithm.name} seed {cfg.seed}: {time.perf_counter() - t0:.0f} s "
+                f"-> {run_dir}",
+                file=sys.stderr,
+            )
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return compare_main(argv)
+    except ConfigError as exc:
+        print(f"raysim compare: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

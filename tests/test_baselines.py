@@ -1,0 +1,175 @@
+"""The sample-level baselines of the R-DPCFL paper (ifca, kmeans_cfl, mr_mtl, oracle) and a
+short end-to-end run of every algorithm through the in-process runner (no Ray)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import small_config
+from sklearn.metrics import adjusted_rand_score
+from test_rdpcfl import N, OneClient, env_for  # noqa: I001
+
+from algorithms import Environment, get_algorithm
+from algorithms.clustered import ClusterState
+from algorithms.ifca import IFCA
+from algorithms.kmeans_cfl import KMeansCFL
+from algorithms.mr_mtl import MRMTL
+from algorithms.oracle import Oracle
+from raysim.compare import collect, run_inline, table
+from raysim.config import load_config
+from raysim.experiment import prepare
+from raysim.metrics.results import write_results
+from raysim.models import build_model, flat_params
+from raysim.privacy import Phase
+from raysim.protocol import ClientContext, ClientReport, RoundPlan
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+# ------------------------------------------------------------------------------------ ifca
+
+
+def test_ifca_random_inits_and_selection_every_round():
+    algo = IFCA(env_for())
+    st = algo.init_state(rng())
+    assert len(st.models) == 4  # the true number when algorithm.num_clusters is unset
+    assert all(not torch.equal(st.models[0], m) for m in st.models[1:])
+    assert algo.reserved_selections() == 10  # a choice in every round
+    plan = algo.plan_round(st, 1, rng())
+    assert all(t.extra.get("select") and t.cluster is None for t in plan.tasks)
+    assert len(plan.models) == 4
+    same = IFCA(env_for("algorithm.random_init=false")).init_state(rng())
+    assert all(torch.equal(m, same.models[0]) for m in same.models)
+
+
+def test_ifca_server_groups_by_choice_and_charges_the_choices():
+    algo = IFCA(env_for("algorithm.num_clusters=2"))
+    st = algo.init_state(rng())
+    p = st.models[0].numel()
+    reps = [
+        ClientReport(0, torch.ones(p), N, 1, extra={"selected": True}),
+        ClientReport(5, 3 * torch.ones(p), N, 1, extra={"selected": True}),
+    ]
+    res = algo.server_step(st, RoundPlan([], st.models, round=1), reps, rng())
+    assert torch.allclose(res.state.models[1], st.models[1] + 2.0)
+    assert torch.equal(res.state.models[0], st.models[0])
+    assert res.state.assigned[[0, 5]].tolist() == [1, 1]
+    assert {c.mechanism for c in res.charges} == {"dpsgd", "exponential_selection"}
+    # after the selection window, clients keep their last choice
+    late = IFCA(env_for("algorithm.selection_fraction=0.2"))
+    plan = late.plan_round(ClusterState(st.models, np.arange(21) % 4), 5, rng())
+    assert [t.cluster for t in plan.tasks] == (np.arange(21) % 4).tolist()
+
+
+# ---------------------------------------------------------------------------------- oracle
+
+
+def test_oracle_trains_the_true_clusters():
+    algo = Oracle(env_for())
+    st = algo.init_state(rng())
+    assert np.array_equal(algo.assignments(st), algo.env.true_clusters)
+    plan = algo.plan_round(st, 1, rng())
+    assert [t.cluster for t in plan.tasks] == algo.env.true_clusters.tolist()
+    assert algo.reserved_selections() == 0
+
+
+# -------------------------------------------------------------------------------- kmeans
+
+
+def test_kmeans_cfl_charges_m_trainings_and_clusters_the_updates():
+    algo = KMeansCFL(env_for())
+    one = Phase(32 / N, math.ceil(N / 32))
+    assert algo.dpsgd_schedule(N)[0] == Phase(one.sampling_rate, 4 * one.steps)
+    st = algo.init_state(rng())
+    p = st.models[0].numel()
+    g = np.random.default_rng(1)
+    centres = g.normal(size=(4, p))
+    reps = []
+    for c, k in enumerate(algo.env.true_clusters):
+        upd = np.stack([centres[k] + 0.1 * g.normal(size=p) for _ in range(4)])
+        reps.append(ClientReport(c, torch.tensor(upd, dtype=torch.float32), N))
+    res = algo.server_step(st, RoundPlan([], st.models, round=1), reps, rng())
+    assert adjusted_rand_score(algo.env.true_clusters, res.state.assigned) == 1.0
+    k0 = res.state.assigned[0]  # cluster model k moved by its members' updates at model k
+    mean = torch.stack([r.update[k0] for r in reps[:3]]).mean(0)
+    assert torch.allclose(res.state.models[k0], st.models[k0] + mean, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------- mr-mtl
+
+
+def blobs(n: int = 64, seed: int = 0):
+    g = np.random.default_rng(seed)
+    y = g.integers(0, 3, n)
+    x = (np.eye(3)[y] @ g.normal(size=(3, 64)) * 2 + g.normal(size=(n, 64))).astype(np.float32)
+    return x.reshape(n, 1, 8, 8), y
+
+
+def test_mr_mtl_keeps_personal_models_pulled_to_the_mean():
+    from raysim.training import LocalTrainer
+
+    x, y = blobs()
+    trainer = LocalTrainer(build_model("cnn", (1, 8, 8), 3, seed=0), "classification")
+    mean = flat_params(trainer.model).clone()
+    personal = mean + 0.5
+    outs = {}
+    for lam in (0.0, 10.0):
+        algo = MRMTL(env_for("privacy.mode=none", f"algorithm.lam={lam}", sizes=[1], n=64))
+        task = algo.plan_round(algo.init_state(rng()), 1, rng()).tasks[0]
+        assert task.train.prox_mu == lam
+        task.state = personal
+        rep = algo.client_step(task, ClientContext(0, 1, 0, trainer, OneClient(x, y), [mean]))
+        assert torch.allclose(rep.update, rep.state - mean)  # what the server averages
+        outs[lam] = rep.state
+    # the pull towards the mean keeps the personal model closer to it
+    assert (outs[10.0] - mean).norm() < (outs[0.0] - mean).norm()
+    algo = MRMTL(env_for("privacy.mode=none"))
+    st = algo.init_state(rng())
+    reps = [
+        ClientReport(0, torch.ones_like(st.model), 1),
+        ClientReport(1, 3 * torch.ones_like(st.model), 1),
+    ]
+    res = algo.server_step(st, RoundPlan([], [st.model], round=1), reps, rng())
+    assert torch.allclose(res.state.model, st.model + 2.0)  # w_bar: the mean personal model
+
+
+# ------------------------------------------------------------------- every algorithm, inline
+
+
+@pytest.mark.parametrize("name", ["rdpcfl", "ifca", "kmeans_cfl", "mr_mtl", "oracle"])
+def test_short_inline_run(name, tmp_path):
+    cfg = load_config(None, small_config(**{"algorithm.name": name, "rounds": 3}))
+    prep = prepare(cfg, get_algorithm(name), Environment)
+    res = run_inline(prep, device="cpu")
+    rows = res["history"]
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert all(0 <= r["accuracy"] <= 1 for r in rows)
+    assert max(res["client_epsilon"]) <= cfg.privacy.epsilon * (1 + 1e-6)
+    if name != "mr_mtl":
+        assert "ari" in rows[-1]
+    if name == "rdpcfl":
+        assert {"gmm_mss", "gmm_mpo", "switch_round", "num_clusters"} <= set(rows[0])
+    write_results(tmp_path / name / "seed0", prep, res)
+    runs = collect(tmp_path)
+    text = table(runs)
+    assert name in text and "±" in text
+
+
+def test_compare_cli_reports_finished_runs(tmp_path, capsys):
+    from raysim.compare import main
+
+    cfg = load_config(None, small_config(**{"algorithm.name": "oracle", "rounds": 2}))
+    prep = prepare(cfg, get_algorithm("oracle"), Environment)
+    write_results(tmp_path / "out" / "oracle" / "seed0", prep, run_inline(prep, device="cpu"))
+    (tmp_path / "c.yaml").write_text("rounds: 2\n")
+    argv = [str(tmp_path / "c.yaml"), "--algorithms", "oracle", "--seeds", "0"]
+    assert main([*argv, "--out", str(tmp_path / "out"), "--report-only"]) == 0
+    text = capsys.readouterr().out
+    assert "| oracle | 1 | 2 |" in text and "1/1" in text  # ARI = 1 after round 1
+    assert (tmp_path / "out" / "compare.md").read_text().strip() == text.strip()
+    assert main([*argv[:3], "--seeds", "x", "--report-only"]) == 2
