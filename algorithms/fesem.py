@@ -1,0 +1,34 @@
+"""FeSEM (Long et al. 2023) in the client-level DP family of RR-Cluster: assignment by the L2
+distance of the client's local model to the cluster centres.
+
+Clients keep no state here (1000 clients, q = 0.1: most take part a few times), so a sampled
+client trains a local model from the mean of the k centres, picks the nearest centre j, and
+reports theta_local - theta_j: with server learning rate 1 the centre becomes the mean of its
+members' local models, FeSEM's centre update. The choice leaves the client as an identifier that
+the server privatizes and rebalances exactly as for IFCA (``algorithms.rr_cluster``); B = 0 is
+DP-FeSEM. Used as ``algorithm.name=rr_cluster`` with ``algorithm.base=fesem``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from raysim.protocol import ClientContext, ClientReport, ClientTask
+
+
+def nearest_centre(local: torch.Tensor, centres: list[torch.Tensor]) -> int:
+    return int(torch.argmin(torch.stack([torch.linalg.vector_norm(local - c) for c in centres])))
+
+
+def fesem_step(algo: Any, task: ClientTask, ctx: ClientContext) -> ClientReport:
+    """One FeSEM client: train from the centres' mean, report the move of the nearest centre."""
+    models = list(ctx.models)
+    start = torch.stack(models).mean(0)
+    report = algo.train_client(task, ctx, start, selected=True)
+    local = start + report.update
+    j = nearest_centre(local, models)
+    report.update = local - models[j]
+    report.cluster = j
+    return report

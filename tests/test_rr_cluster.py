@@ -1,0 +1,229 @@
+"""RR-Cluster (algorithms.rr_cluster): B = 0 is the base exactly, identifier privatization,
+one round's privacy event, clustering accuracy, and the synthetic model-collapse case study
+(appendix E.5) run in-process without Ray."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import dp_accounting as dpa
+import numpy as np
+import pytest
+import torch
+from test_rdpcfl import env_for
+
+from algorithms import Environment
+from algorithms.ifca import IFCA
+from algorithms.rr_cluster import RRCluster, clustering_accuracy
+from raysim.config import ConfigError, load_config
+from raysim.experiment import prepare
+from raysim.models import build_model
+from raysim.privacy import epsilon
+from raysim.protocol import ClientContext, ClientReport, RoundPlan
+from raysim.seeding import SERVER, numpy_rng
+from raysim.training import LocalTrainer
+
+CLIENT = [
+    "privacy.mode=client",
+    "training.sampling=without_replacement",
+    "privacy.clip=0.5",
+    "privacy.epsilon=1e9",
+]
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def reports_for(algo, k: int, n: int = 12) -> list[ClientReport]:
+    p = algo.env.init_weights.numel()
+    g = torch.Generator().manual_seed(0)
+    return [
+        ClientReport(c, 0.01 * torch.randn(p, generator=g), 10, c % k, extra={"selected": True})
+        for c in range(n)
+    ]
+
+
+def test_B_zero_is_ifca_exactly():
+    sets = ("privacy.mode=none", "algorithm.num_clusters=3")
+    ifca, rr = IFCA(env_for(*sets)), RRCluster(env_for(*sets, "algorithm.B=0"))
+    s1, s2 = ifca.init_state(rng()), rr.init_state(rng())
+    assert all(torch.equal(a, b) for a, b in zip(s1.models, s2.models, strict=True))
+    p1, p2 = ifca.plan_round(s1, 1, rng(1)), rr.plan_round(s2, 1, rng(1))
+    assert [(t.client_id, t.extra) for t in p1.tasks] == [(t.client_id, t.extra) for t in p2.tasks]
+    reps = reports_for(ifca, 2)  # cluster 2 gets nothing
+    r1 = ifca.server_step(s1, RoundPlan([], s1.models, round=1), reps, rng(2))
+    r2 = rr.server_step(s2, RoundPlan([], s2.models, round=1), copy.deepcopy(reps), rng(2))
+    assert all(torch.equal(a, b) for a, b in zip(r1.state.models, r2.state.models, strict=True))
+    assert torch.equal(r2.state.models[2], s2.models[2])
+
+
+def test_rebalancing_feeds_every_cluster():
+    rr = RRCluster(env_for("privacy.mode=none", "algorithm.num_clusters=3", "algorithm.B=3"))
+    st = rr.init_state(rng())
+    res = rr.server_step(st, RoundPlan([], st.models, round=1), reports_for(rr, 2), rng(2))
+    assert not torch.equal(res.state.models[2], st.models[2])
+    assert res.metrics["round_cluster_size_min"] == 3
+
+
+def test_client_mode_needs_fixed_cohorts_and_small_B():
+    with pytest.raises(ConfigError, match="without_replacement"):
+        RRCluster(env_for("privacy.mode=client"))
+    with pytest.raises(ConfigError, match="B <= qM/k"):
+        RRCluster(env_for(*CLIENT, "training.sampling_rate=0.5", "algorithm.B=3"))
+
+
+def test_identifiers_are_privatized():
+    """Small id noise keeps the clients' choices, large noise scrambles them; the grouping only
+    ever sees the noisy argmax."""
+    k, n = 4, 400
+    choices = np.arange(n) % k
+    reps = [ClientReport(c, None, 1, int(choices[c])) for c in range(n)]
+    quiet = RRCluster(env_for(*CLIENT, "algorithm.B=0", "privacy.noise_multiplier=0.1"))
+    assert np.array_equal(quiet.group(reps, k, rng()), choices)
+    loud = RRCluster(env_for(*CLIENT, "algorithm.B=0", "privacy.noise_multiplier=50"))
+    kept = np.mean(loud.group(reps, k, rng()) == choices)
+    assert 0.15 < kept < 0.4  # ~1/k: the noise std is 50*sqrt(2) times the one-hot's height
+    # std / sensitivity of the ids = the plan's multiplier (replace-one sensitivity sqrt(2)*C_s)
+    c_s = quiet.params.id_clip
+    assert quiet.id_multiplier() * c_s / (math.sqrt(2) * c_s) == pytest.approx(0.1)
+
+
+def test_one_round_event_composes_ids_and_models_under_sampling():
+    sets = (*CLIENT, "training.sampling_rate=0.5", "privacy.noise_multiplier=2", "algorithm.B=2")
+    algo = RRCluster(env_for(*sets))
+    ev = algo.privacy_charges(1, [])[0].event
+    assert isinstance(ev, dpa.SampledWithoutReplacementDpEvent)
+    assert (ev.source_dataset_size, ev.sample_size) == (21, 10)
+    zs = sorted(e.noise_multiplier for e in ev.event.events)
+    assert zs == [2.0, 2.0]  # identifier and model Gaussians, id_noise_ratio = 1
+    # composing them is one Gaussian with 1/z^2 = 1/z1^2 + 1/z2^2
+    one = dpa.SampledWithoutReplacementDpEvent(21, 10, dpa.GaussianDpEvent(2 / math.sqrt(2)))
+    assert epsilon(ev, 1e-4) == pytest.approx(epsilon(one, 1e-4), rel=1e-6)
+    assert algo.model_sensitivity() == pytest.approx(2 * math.sqrt(13) * 0.5)
+
+
+def test_calibrated_run_spends_the_budget():
+    sets = (*CLIENT, "training.sampling_rate=0.5", "rounds=5", "privacy.epsilon=4", "algorithm.B=2")
+    algo = RRCluster(env_for(*sets, calibrate=True))
+    ev = dpa.SelfComposedDpEvent(algo.plan.round_event(), 5)
+    assert epsilon(ev, 1e-4) == pytest.approx(4.0, rel=2e-2)
+
+
+def test_clustering_accuracy_hungarian():
+    true = np.array([0, 0, 1, 1, 2, 2])
+    assert clustering_accuracy(true, np.array([2, 2, 0, 0, 1, 1])) == 1.0
+    assert clustering_accuracy(true, np.array([1, 1, 1, 1, 0, 0])) == pytest.approx(4 / 6)
+    assert clustering_accuracy(true, np.array([0, 0, 0, 0, 0, 0])) == pytest.approx(2 / 6)
+
+
+# ------------------------------------------------------------------- synthetic model collapse
+
+
+def synthetic_run(name: str, *sets: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """A few non-private rounds in-process; the initial and final cluster models."""
+    from algorithms import get_algorithm
+
+    base = [
+        "rounds=6",
+        "seed=1",
+        f"algorithm.name={name}",
+        "data.dataset=synthetic_linear",
+        "data.num_clients=40",
+        "data.cluster_sizes=[20, 20]",
+        "data.dim=2",
+        "data.cluster_separation=0.3",
+        "data.samples_per_client=20",
+        "model.name=linear",
+        "privacy.mode=none",
+        "training.lr=0.05",
+        "training.batch_size=10",
+        "training.sampling_rate=0.5",
+        "training.sampling=without_replacement",
+        "algorithm.num_clusters=2",
+    ]
+    cfg = load_config(None, base + list(sets))
+    prep = prepare(cfg, get_algorithm(name), Environment)
+    algo, ds = prep.algorithm, prep.dataset
+    trainer = LocalTrainer(build_model("linear", ds.feature_shape, ds.num_classes), ds.task, "cpu")
+    state = algo.init_state(numpy_rng(cfg.seed, 0, SERVER, "init"))
+    init = [m.clone() for m in state.models]
+    for r in range(1, cfg.rounds + 1):
+        plan = algo.plan_round(state, r, numpy_rng(cfg.seed, r, SERVER, "plan"))
+        plan.round = r
+        reps = [
+            algo.client_step(t, ClientContext(t.client_id, r, cfg.seed, trainer, ds, plan.models))
+            for t in plan.tasks
+        ]
+        state = algo.server_step(state, plan, reps, numpy_rng(cfg.seed, r, SERVER, "server")).state
+    return init, state.models
+
+
+def test_ifca_collapses_while_rr_cluster_trains_every_model():
+    """Two true lines, two randomly initialised models (seed 1): one IFCA model is never
+    anyone's lowest loss and stays at its initialisation; B = 4 feeds it every round."""
+    init, final = synthetic_run("ifca")
+    untrained = [torch.equal(a, b) for a, b in zip(init, final, strict=True)]
+    assert any(untrained)
+    init, final = synthetic_run("rr_cluster", "algorithm.B=4")
+    assert not any(torch.equal(a, b) for a, b in zip(init, final, strict=True))
+
+
+# ------------------------------------------------------------------------ baselines of the family
+
+
+def test_fesem_nearest_centre():
+    from algorithms.fesem import nearest_centre
+
+    centres = [torch.zeros(3), torch.ones(3), -torch.ones(3)]
+    assert nearest_centre(torch.full((3,), 0.9), centres) == 1
+    assert nearest_centre(torch.full((3,), -0.2), centres) == 0
+
+
+def test_gmfsc_gives_small_clusters_the_global_model():
+    sets = ("privacy.mode=none", "algorithm.num_clusters=3", "algorithm.B=3")
+    algo = RRCluster(env_for(*sets, "algorithm.small_clusters=global"))
+    st = algo.init_state(rng())
+    reps = reports_for(algo, 2, n=7)  # sizes 4, 3, 0: cluster 2 is small, nothing moves
+    res = algo.server_step(st, RoundPlan([], st.models, round=1), reps, rng(2))
+    assert res.metrics["round_cluster_size_min"] == 0
+    expected = torch.stack(st.models).mean(0) + sum(r.update for r in reps) / len(reps)
+    assert torch.allclose(res.state.models[2], expected, atol=1e-6)
+    assert not torch.equal(res.state.models[0], res.state.models[2])
+
+
+def test_fedprox_sets_the_proximal_term():
+    from algorithms.fedprox import FedProx
+
+    algo = FedProx(env_for("privacy.mode=none", "algorithm.mu=0.1"))
+    plan = algo.plan_round(algo.init_state(rng()), 1, rng())
+    assert all(t.train.prox_mu == 0.1 for t in plan.tasks)
+
+
+def test_fedcam_moves_global_and_cluster_parts():
+    sets = ("privacy.mode=none", "algorithm.num_clusters=2", "algorithm.B=0")
+    algo = RRCluster(env_for(*sets, "algorithm.base=fedcam", "algorithm.global_share=0.5"))
+    st = algo.init_state(rng())
+    reps = reports_for(algo, 1, n=4)  # everyone in cluster 0
+    res = algo.server_step(st, RoundPlan([], st.models, round=1), reps, rng(2))
+    mean = sum(r.update for r in reps) / 4
+    g0 = torch.stack(st.models).mean(0)
+    assert torch.allclose(res.state.info["global"], g0 + 0.5 * mean, atol=1e-6)
+    assert torch.allclose(res.state.models[0], st.models[0] + mean, atol=1e-6)
+    assert torch.allclose(res.state.models[1], st.models[1] + 0.5 * mean, atol=1e-6)
+    dp_sets = (*CLIENT, "training.sampling_rate=0.5", "algorithm.base=fedcam", "algorithm.B=2")
+    dp = RRCluster(env_for(*dp_sets))
+    assert dp.model_sensitivity() == pytest.approx(math.hypot(1.0, 2 * math.sqrt(13) * 0.5))
+
+
+def test_fedper_keeps_the_head_on_the_client():
+    from algorithms.fedper import FedPer
+
+    algo = FedPer(env_for("privacy.mode=none"))
+    assert 0 < algo.head < algo.env.init_weights.numel()  # the last linear layer
+    p = algo.env.init_weights.numel()
+    head = torch.ones(algo.head)
+    mixed = algo.personal(torch.zeros(p), head)
+    assert torch.equal(mixed[-algo.head :], head) and mixed[: -algo.head].abs().sum() == 0
+    assert torch.equal(algo.personal(torch.zeros(p), None), torch.zeros(p))
