@@ -31,6 +31,8 @@ def small_config(**overrides: object) -> list[str]:
         "data.num_clients": 8,
         "data.cluster_sizes": "[4, 4]",
         "data.shift": "rotation",
+        "data.samples_per_client": "null",  # all of digits, ~224 per client: not the demo's 60
+        "training.lr": 0.1,
         "model.name": "cnn",
         "privacy.mode": "sample",
         "privacy.epsilon": 4,
