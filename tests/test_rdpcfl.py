@@ -169,15 +169,25 @@ def test_round_one_server_fits_gmm_sets_ec_and_restarts_models():
     assert res.charges[0].params["q"] == 1.0
 
 
+@pytest.mark.parametrize("select", ["none", "pca"])
 @pytest.mark.parametrize("projection", ["none", "pca"])
-def test_m_is_argmax_mss_when_not_given(projection):
-    algo = RDPCFL(env_for(f"algorithm.projection={projection}", "algorithm.gmm_n_init=4"))
+def test_m_is_argmax_mss_when_not_given(projection, select):
+    algo = RDPCFL(
+        env_for(
+            f"algorithm.projection={projection}",
+            f"algorithm.select_projection={select}",
+            "algorithm.gmm_n_init=4",
+        )
+    )
     res = server_round1(algo, round1_reports(algo.env, separation=150.0))
     m = res.metrics
     scores = {k: m[f"mss_m{k}"] for k in range(2, 9)}
     assert m["num_clusters"] == max(scores, key=scores.get) == 4
-    assert m["gmm_mss"] == scores[4]
-    assert m["gmm_dims"] == (3 if projection == "pca" else algo.env.init_weights.numel())
+    full = algo.env.init_weights.numel()
+    assert m["select_dims"] == (3 if select == "pca" else full)
+    assert m["gmm_dims"] == (3 if projection == "pca" else full)
+    if select == projection:  # the clustering GMM is the chosen candidate fit
+        assert m["gmm_mss"] == scores[4]
     assert adjusted_rand_score(algo.env.true_clusters, res.state.assigned) == 1.0
 
 
