@@ -102,6 +102,23 @@ def test_argmax_mss_finds_the_true_number_of_clusters():
         assert set(fits) == set(range(2, 9))
 
 
+def test_argmax_mss_needs_the_signal_directions_when_clusters_come_in_pairs():
+    """Why R-DPCFL chooses M on PCA directions (algorithms/rdpcfl.py): four clusters in two
+    pairs, as FMNIST's rotations are. In p = 2e4 dimensions merging a pair widens a component
+    by only near^2 / p per coordinate, so the 2-fit looks most confident; on the signal
+    directions the merged component is visibly wide and argmax MSS finds the four."""
+    rng = np.random.default_rng(0)
+    centres = np.zeros((4, 20_000))
+    centres[:, 0] = [60.0, 60.0, -60.0, -60.0]  # the pairs are far apart
+    centres[:, 1] = [30.0, -30.0, 30.0, -30.0]  # the clusters of a pair are nearer
+    labels = np.repeat(np.arange(4), [3, 6, 6, 6])
+    x = centres[labels] + rng.normal(0.0, 1.0, (21, 20_000))
+    full, _ = select_num_clusters(prepare_features(x), range(2, 9), seed=0)
+    m, fits = select_num_clusters(prepare_features(x, "pca", "auto", seed=0), range(2, 9), seed=0)
+    assert (full, m) == (2, 4)
+    assert adjusted_rand_score(labels, fits[4].labels) == 1.0
+
+
 def test_candidates_are_clipped_to_the_data():
     x, _ = mixture([3, 3], dim=5, separation=20.0, sigma=1.0)
     _, fits = select_num_clusters(x, [1, 2, 3, 50], seed=0)
