@@ -10,7 +10,7 @@
    paper). Why: the paper's argument for argmax MSS (appendix F.2) is that a fit with too few
    components merges clusters into one wide component. In p ~ 3e4 dimensions with 21 points
    the DP noise spread (p sigma^2) dwarfs the distance between merged clusters, so a merged
-   component is barely wider and argmax MSS picks M = 2 in 16 of 17 FMNIST fits; on the few
+   component is barely wider and argmax MSS picks M = 2 in 17 of 18 FMNIST fits; on the few
    signal directions the widening shows and it picks M = 4 at every eps >= 3 measured. For
    the clustering itself full dimension is the better choice (at eps = 2 with M = 4 given:
    ARI 1 in 4 of 4 seeds in full dimension, 1 of 4 on the PCA directions).
