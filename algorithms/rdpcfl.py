@@ -153,14 +153,17 @@ class RDPCFL(ClusteredAlgorithm):
             "covariance": p.gmm_covariance,
         }
         metrics: dict[str, float] = {}
-        m = self.cfg.algorithm.num_clusters
+        m, gmm = self.cfg.algorithm.num_clusters, None
         if m is None:
-            xs = x
-            if p.select_projection != p.projection:
-                xs = prepare_features(updates, p.select_projection, p.pca_components, seed)
+            same = p.select_projection == p.projection
+            proj = p.select_projection
+            xs = x if same else prepare_features(updates, proj, p.pca_components, seed)
             m, fits = select_num_clusters(xs, p.num_clusters_candidates, seed, **fit_kw)
             metrics.update({f"mss_m{k}": f.mss for k, f in fits.items()}, select_dims=xs.shape[1])
-        gmm = fit_gmm(x, m, seed, **fit_kw)
+            if same:  # the chosen candidate is already the clustering fit
+                gmm = fits[m]
+        if gmm is None:
+            gmm = fit_gmm(x, m, seed, **fit_kw)
         e_c = switch_round(gmm.mpo, self.cfg.rounds)
         metrics.update(
             gmm_dims=x.shape[1],
