@@ -22,12 +22,29 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
 
 
 def get_algorithm(name: str) -> type[Algorithm]:
+    """A registered algorithm, or ``module:Class`` for one of your own (docs/architecture.md)."""
+    if ":" in name:
+        return _import_algorithm(name)
     try:
         return ALGORITHMS[name]
     except KeyError:
         raise ConfigError(
             f"algorithm.name: unknown algorithm {name!r}; allowed: {', '.join(sorted(ALGORITHMS))}"
+            " or module:Class"
         ) from None
+
+
+def _import_algorithm(path: str) -> type[Algorithm]:
+    import importlib
+
+    module, _, attr = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"algorithm.name: cannot import {path!r}: {exc}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ConfigError(f"algorithm.name: {path!r} is not an Algorithm subclass")
+    return cls
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "Environment", "get_algorithm"]

@@ -13,17 +13,19 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from raysim.aggregation import noisy_sum, weighted_mean
+from raysim.aggregation import weighted_mean
 from raysim.config import ConfigError, ExperimentConfig
-from raysim.planning import CentralPlan, SampleLevelPlan, dpsgd_round_phase
+from raysim.modes import PrivacyMode, PrivacyNeeds, make_mode
+from raysim.planning import dpsgd_round_phase
 from raysim.privacy import Phase
 from raysim.protocol import (
-    Charge,
     ClientContext,
     ClientReport,
     ClientTask,
     EvalReport,
+    Message,
     RoundPlan,
+    SecureSums,
     ServerResult,
 )
 from raysim.sampling import sample_cohort
@@ -36,12 +38,16 @@ class NoParams(BaseModel):
 
 @dataclass
 class Environment:
-    """What an algorithm may know about the population before the run (no data, no Ray)."""
+    """What an algorithm may know about the population before the run: no data, no Ray, and no
+    ground truth (``ground_truth`` is given only to an algorithm that declares
+    ``uses_ground_truth``, i.e. the oracle)."""
 
     cfg: ExperimentConfig
     train_sizes: np.ndarray
-    true_clusters: np.ndarray
     init_weights: torch.Tensor
+    feature_shape: tuple[int, ...] = ()
+    num_classes: int = 0
+    ground_truth: np.ndarray | None = None
 
     @property
     def num_clients(self) -> int:
@@ -52,6 +58,10 @@ class Algorithm(ABC):
     name: ClassVar[str]
     privacy_modes: ClassVar[tuple[str, ...]] = ("none", "sample", "client")
     Params: ClassVar[type[BaseModel]] = NoParams
+    uses_ground_truth: ClassVar[bool] = False  # only an oracle may
+    # Default of ``algorithm.num_clusters`` for algorithms with several models (None: one model,
+    # or the algorithm chooses)
+    default_clusters: ClassVar[int | None] = None
 
     def __init__(self, env: Environment) -> None:
         self.env = env
@@ -85,8 +95,13 @@ class Algorithm(ABC):
 
     @abstractmethod
     def server_step(
-        self, state: Any, plan: RoundPlan, reports: list[ClientReport], rng: np.random.Generator
-    ) -> ServerResult: ...
+        self,
+        state: Any,
+        plan: RoundPlan,
+        reports: list[Message] | SecureSums,
+        rng: np.random.Generator,
+    ) -> ServerResult:
+        """``reports``: what the privacy mode lets the server see (``PrivacyMode.admit``)."""
 
     # -- evaluation ----------------------------------------------------------------------------
     @abstractmethod
@@ -104,62 +119,40 @@ class Algorithm(ABC):
         """The cluster each client is currently assigned to (None: not a clustering method)."""
         return None
 
+    def choices(self, state: Any) -> np.ndarray | None:
+        """Where clients choose their cluster: each one's last choice (-1: none yet), for the
+        engine's clustering accuracy (None: not reported)."""
+        return None
+
 
 class FederatedAlgorithm(Algorithm):
-    """The pieces most algorithms share: per-client training configs, the privacy plan of the
-    configured mode, cohort sampling and the per-round privacy charges."""
+    """The pieces most algorithms share: per-client training configs, the privacy mode (which
+    calibrates before the run and is the trust boundary during it), cohort sampling and
+    aggregation."""
 
     def __init__(self, env: Environment) -> None:
         super().__init__(env)
-        self.plan = self.make_privacy_plan()
+        self.privacy: PrivacyMode = make_mode(self.cfg, env.train_sizes, self.privacy_needs())
 
     # -- privacy ---------------------------------------------------------------------------------
     def dpsgd_schedule(self, n: int) -> list[Phase]:
         """The client's DP-SGD phases, one per round (override for heterogeneous schedules)."""
         return [dpsgd_round_phase(n, self.base_train_config())] * self.cfg.rounds
 
-    def make_privacy_plan(self) -> SampleLevelPlan | CentralPlan | None:
-        p, t = self.cfg.privacy, self.cfg.training
-        if p.mode == "sample":
-            return SampleLevelPlan(p, self.env.train_sizes, self.dpsgd_schedule)
-        if p.mode == "client":
-            return CentralPlan(
-                p, self.cfg.rounds, t.sampling_rate, t.sampling, self.env.num_clients
-            )
-        return None
+    def privacy_needs(self) -> PrivacyNeeds:
+        return PrivacyNeeds(self.dpsgd_schedule)
 
     def privacy_summary(self) -> dict[str, Any]:
-        return self.plan.summary() if self.plan is not None else {}
+        return self.privacy.summary()
 
-    def privacy_charges(self, round: int, reports: list[ClientReport]) -> list[Charge]:
-        """Sample-level: each participant pays its round of DP-SGD (grouped by train size, as
-        clients of one size share an event); client-level: the population pays one round."""
-        if isinstance(self.plan, SampleLevelPlan):
-            groups: dict[int, list[int]] = {}
-            for rep in reports:
-                groups.setdefault(int(self.env.train_sizes[rep.client_id]), []).append(
-                    rep.client_id
-                )
-            charges = []
-            for n, clients in groups.items():
-                phase = self.dpsgd_schedule(n)[round - 1]
-                charges.append(
-                    Charge(
-                        "dpsgd",
-                        self.plan.round_event(clients[0], round),
-                        clients,
-                        {"z": self.plan.noise[n], "q": phase.sampling_rate, "steps": phase.steps},
-                    )
-                )
-            return charges
-        if isinstance(self.plan, CentralPlan):
-            params = {
-                "z": self.plan.noise,
-                "q": self.plan.sampling_rate,
-                "sampling": self.plan.sampling,
-            }
-            return [Charge("central_gaussian", self.plan.round_event(), None, params)]
-        return []
+    def may_select(self, round: int) -> bool:
+        """Whether clients may make a private choice in ``round`` (the plan's worst case)."""
+        return False
+
+    def num_clusters(self) -> int:
+        """``algorithm.num_clusters``, or the algorithm's stated default (never the truth)."""
+        m = self.cfg.algorithm.num_clusters
+        return int(m if m is not None else (self.default_clusters or 1))
 
     # -- clients ---------------------------------------------------------------------------------
     def base_train_config(self) -> TrainConfig:
@@ -174,13 +167,8 @@ class FederatedAlgorithm(Algorithm):
         )
 
     def train_config(self, client: int, **overrides: Any) -> TrainConfig:
-        """The client's training config: the base one plus its DP noise / update clip."""
-        p = self.cfg.privacy
-        kwargs: dict[str, Any] = {}
-        if isinstance(self.plan, SampleLevelPlan):
-            kwargs.update(dp_noise_multiplier=self.plan.noise_multiplier(client), dp_clip=p.clip)
-        elif isinstance(self.plan, CentralPlan):
-            kwargs.update(update_clip=p.clip)
+        """The client's training config: the base one plus what its privacy mode requires."""
+        kwargs = self.privacy.train_overrides(client)
         kwargs.update(overrides)
         return replace(self.base_train_config(), **kwargs)
 
@@ -198,31 +186,53 @@ class FederatedAlgorithm(Algorithm):
         )
 
     def train_client(
-        self, task: ClientTask, ctx: ClientContext, weights: torch.Tensor, **extra: Any
+        self,
+        task: ClientTask,
+        ctx: ClientContext,
+        weights: torch.Tensor,
+        slot: int | None = None,
+        **extra: Any,
     ) -> ClientReport:
+        """Train from ``weights``; the update goes on the report as the privacy mode releases it
+        (``slot``: the model trained, where a secure aggregation adds it)."""
         x, y = ctx.train_data()
         res = ctx.trainer.train(weights, x, y, task.train, ctx.generator("train"))
-        return ClientReport(
-            task.client_id, res.update, res.num_samples, task.cluster, res.train_loss, extra=extra
+        report = ClientReport(
+            task.client_id, None, res.num_samples, task.cluster, res.train_loss, extra=extra
         )
+        self.privacy.release_update(report, task, res, ctx, slot)
+        return report
 
     def client_step(self, task: ClientTask, ctx: ClientContext) -> ClientReport:
         return self.train_client(task, ctx, ctx.models[task.cluster or 0])
 
     # -- server ----------------------------------------------------------------------------------
     def aggregate(
-        self, model: torch.Tensor, reports: list[ClientReport], rng: np.random.Generator
+        self, model: torch.Tensor, reports: list[Message] | SecureSums, rng: np.random.Generator
     ) -> torch.Tensor:
         """One model's new weights from its members' updates: the weighted mean (no DP or
-        sample-level DP), or the clipped, noised sum over the expected cohort (client-level)."""
-        updates = [r.update for r in reports if r.update is not None]
+        sample-level DP), the clipped, noised sum over the expected cohort (client-level), or the
+        secure sum over its noisy count (distributed)."""
+        if isinstance(reports, SecureSums):
+            return self.apply_secure(model, reports, 0)
+        members = [r for r in reports if r.update is not None]
         lr = self.cfg.algorithm.server_lr
-        if isinstance(self.plan, CentralPlan):
-            clip = self.cfg.privacy.clip
-            sens = self.plan.sensitivity(clip)
-            total = noisy_sum(updates, clip, sens, self.plan.noise, rng, model.numel())
+        if self.privacy.central_noise:
+            updates = [r.update for r in members]
+            total = self.privacy.noisy_sum(updates, self.privacy.sensitivity(), rng, model.numel())
             expected = self.cfg.training.sampling_rate * self.env.num_clients
             return model + lr * total / expected
-        if not updates:
+        if not members:
             return model
-        return model + lr * weighted_mean(updates, [r.num_samples for r in reports])
+        weights = [r.num_samples for r in members]
+        if not any(weights):  # sizes not sent (dprivacy): members count equally
+            weights = [1] * len(members)
+        return model + lr * weighted_mean([r.update for r in members], weights)
+
+    def apply_secure(self, model: torch.Tensor, sums: SecureSums, slot: int) -> torch.Tensor:
+        """``model`` moved by its slot's secure mean (sum / max(noisy count, 1)). A slot whose
+        noisy count is below one half keeps its model: that is post-processing of the released
+        count, and an empty slot's sum is pure noise that would random-walk the model."""
+        if sums.counts[slot] < 0.5:
+            return model
+        return model + self.cfg.algorithm.server_lr * sums.means()[slot]

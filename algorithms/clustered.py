@@ -20,7 +20,8 @@ eps_select * n * gap: at n = 2666 (the paper's FMNIST clients) eps_select = 0.05
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import math
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -31,9 +32,16 @@ from algorithms.base import Environment, FederatedAlgorithm
 from raysim.aggregation import weighted_mean
 from raysim.clustering import cluster_sizes
 from raysim.models import build_model, flat_params, load_flat_
-from raysim.planning import CentralPlan, SampleLevelPlan
-from raysim.privacy import exponential_select, selection_event
-from raysim.protocol import Charge, ClientContext, ClientReport, ClientTask, RoundPlan
+from raysim.modes import PrivacyNeeds
+from raysim.protocol import (
+    ClientContext,
+    ClientReport,
+    ClientTask,
+    EvalReport,
+    Message,
+    RoundPlan,
+    SecureSums,
+)
 from raysim.training.losses import as_tensor, per_sample_loss, targets
 
 
@@ -86,44 +94,22 @@ def model_scores(
     return losses, accs
 
 
-def choose_cluster(
-    params: SelectionParams,
-    private: bool,
-    losses: np.ndarray,
-    accs: np.ndarray,
-    n: int,
-    rng: np.random.Generator,
-) -> int:
-    """The client's cluster: exponential mechanism under DP, else the exact best."""
+def selection_utility(
+    params: SelectionParams, losses: np.ndarray, accs: np.ndarray, n: int
+) -> tuple[np.ndarray, float]:
+    """The client's utility of each cluster model and its sensitivity (module docstring)."""
     utility = -losses if params.select_by == "loss" else accs
-    if not private:
-        return int(np.argmax(utility))
     bound = params.loss_clip if params.select_by == "loss" else 1.0
-    sensitivity = bound / max(n - 1, 1)
-    return int(exponential_select(utility, params.eps_select, sensitivity, rng))
+    return utility, bound / max(n - 1, 1)
 
 
 # ---------------------------------------------------------------------------- initialisation
 
 
-_SHAPES = {  # (feature shape, classes) of the built-in datasets, when Environment lacks them
-    "digits": ((1, 8, 8), 10),
-    "mnist": ((1, 28, 28), 10),
-    "fmnist": ((1, 28, 28), 10),
-    "cifar10": ((3, 32, 32), 10),
-}
-
-
 def random_models(env: Environment, count: int, seed: int) -> list[torch.Tensor]:
     """``count`` independently initialised models (IFCA's random cluster initialisation)."""
     cfg = env.cfg
-    shape = getattr(env, "feature_shape", None)
-    classes = getattr(env, "num_classes", None)
-    if shape is None or classes is None:
-        if cfg.data.dataset == "synthetic_linear":
-            shape, classes = (cfg.data.dim,), 0
-        else:
-            shape, classes = _SHAPES[cfg.data.dataset]
+    shape, classes = env.feature_shape, env.num_classes
     kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
     out = []
     for m in range(count):
@@ -142,27 +128,17 @@ class ClusteredAlgorithm(FederatedAlgorithm):
     """One model per cluster; subclasses decide who trains which model in each round."""
 
     privacy_modes = ("none", "sample")
-
-    @property
-    def private(self) -> bool:
-        return isinstance(self.plan, SampleLevelPlan)
-
-    def default_num_clusters(self) -> int:
-        m = self.cfg.algorithm.num_clusters
-        return int(m) if m is not None else int(len(np.unique(self.env.true_clusters)))
+    default_clusters = 4  # the papers' setups (R-DPCFL: 4 rotations; RR-Cluster: k in {2, 4})
 
     # -- privacy ---------------------------------------------------------------------------
     def reserved_selections(self) -> int:
         """Selections each client may make over the run (reserved in the calibration)."""
         return 0
 
-    def make_privacy_plan(self) -> SampleLevelPlan | CentralPlan | None:
+    def privacy_needs(self) -> PrivacyNeeds:
         count = self.reserved_selections()
-        if self.cfg.privacy.mode == "sample" and count > 0:
-            p = self.cfg.privacy
-            eps = self.params.eps_select
-            return SampleLevelPlan(p, self.env.train_sizes, self.dpsgd_schedule, (count, eps))
-        return super().make_privacy_plan()
+        eps = getattr(self.params, "eps_select", 0.0) if count else 0.0
+        return PrivacyNeeds(self.dpsgd_schedule, (count, eps) if count else (0, 0.0))
 
     def privacy_summary(self) -> dict[str, Any]:
         out = super().privacy_summary()
@@ -171,25 +147,9 @@ class ClusteredAlgorithm(FederatedAlgorithm):
             out["eps_select"] = self.params.eps_select
         return out
 
-    def may_select(self, round: int) -> bool:
-        """Whether clients may choose privately in ``round`` (for the worst-case plan)."""
-        return False
-
-    def worst_case_charges(self, round: int, reports: list[ClientReport]) -> list[Charge]:
-        """The round's charges if every reporting client made every choice it may make: what
-        the calibration reserved, for ``raysim privacy``."""
-        if not self.may_select(round):
-            return self.privacy_charges(round, reports)
-        chose = [replace(r, extra={**r.extra, "selected": True}) for r in reports]
-        return self.privacy_charges(round, reports) + self.selection_charges(chose)
-
-    def selection_charges(self, reports: list[ClientReport]) -> list[Charge]:
-        chose = [r.client_id for r in reports if r.extra.get("selected")]
-        if not chose or not self.private:
-            return []
-        eps = self.params.eps_select
-        event = selection_event(eps, 1)
-        return [Charge("exponential_selection", event, chose, {"epsilon": eps})]
+    def selection_window(self) -> int:
+        """How many rounds clients choose in (``selection_fraction`` of the run)."""
+        return math.ceil(self.params.selection_fraction * self.cfg.rounds)
 
     # -- clients -----------------------------------------------------------------------------
     def selecting_task(self, client: int) -> ClientTask:
@@ -200,22 +160,32 @@ class ClusteredAlgorithm(FederatedAlgorithm):
             return self.train_client(task, ctx, ctx.models[task.cluster or 0])
         x, y = ctx.train_data()
         losses, accs = model_scores(ctx.trainer, list(ctx.models), x, y, self.params.loss_clip)
-        m = choose_cluster(self.params, self.private, losses, accs, len(x), ctx.rng("select"))
-        report = self.train_client(task, ctx, ctx.models[m], selected=True)
-        report.cluster = m
+        utility, sens = selection_utility(self.params, losses, accs, len(x))
+        eps = self.params.eps_select
+        choice = self.privacy.release_choice(utility, sens, eps, ctx.rng("select"))
+        m = int(getattr(choice, "value", choice))
+        extra = {} if self.privacy.secure_aggregation else {"selected": True}
+        report = self.train_client(task, ctx, ctx.models[m], slot=m, **extra)
+        self.privacy.report_choice(report, choice)
         return report
 
     # -- server ------------------------------------------------------------------------------
     def aggregate_clusters(
-        self, models: list[torch.Tensor], reports: list[ClientReport], rng: np.random.Generator
+        self,
+        models: list[torch.Tensor],
+        reports: list[Message] | SecureSums,
+        rng: np.random.Generator,
     ) -> list[torch.Tensor]:
         """Each cluster model += the plain mean of its members' updates (weights 1/|cluster|,
-        Algorithm 1 line 26); client-level plans defer to the base (noisy) aggregation."""
+        Algorithm 1 line 26); client-level DP defers to the base (noisy) aggregation; under
+        secure aggregation each cluster is a slot."""
+        if isinstance(reports, SecureSums):
+            return [self.apply_secure(m, reports, k) for k, m in enumerate(models)]
         out = []
         lr = self.cfg.algorithm.server_lr
         for m, model in enumerate(models):
             members = [r for r in reports if r.cluster == m and r.update is not None]
-            if isinstance(self.plan, CentralPlan):
+            if self.privacy.central_noise:
                 out.append(self.aggregate(model, members, rng))
             elif members:
                 mean = weighted_mean([r.update for r in members], [1.0] * len(members))
@@ -224,6 +194,25 @@ class ClusteredAlgorithm(FederatedAlgorithm):
                 out.append(model)
         return out
 
+    def updated_assignments(
+        self, state: ClusterState, reports: list[Message] | SecureSums
+    ) -> np.ndarray:
+        """Last round's assignment, overwritten by the clusters the reporting clients trained
+        (unchanged under secure aggregation, where the server never learns them)."""
+        if isinstance(reports, SecureSums):
+            reports = []
+        assigned = (
+            np.full(self.env.num_clients, self.unassigned, dtype=np.int64)
+            if state.assigned is None
+            else state.assigned.copy()
+        )
+        for r in reports:
+            if r.cluster is not None:
+                assigned[r.client_id] = r.cluster
+        return assigned
+
+    unassigned = 0  # the cluster a client that never reported counts as
+
     def cluster_metrics(self, assigned: np.ndarray | None, num_clusters: int) -> dict[str, Any]:
         if assigned is None:
             return {}
@@ -231,13 +220,29 @@ class ClusteredAlgorithm(FederatedAlgorithm):
         return {"clusters_nonempty": sum(s > 0 for s in sizes), "cluster_size_min": min(sizes)}
 
     # -- evaluation --------------------------------------------------------------------------
+    def evaluates_by_choice(self) -> bool:
+        """Whether clients are judged on the model they would choose (IFCA's inference) rather
+        than on the server's assignment: where the server does not know the choices."""
+        return self.privacy.secure_aggregation
+
     def plan_evaluation(self, state: ClusterState) -> RoundPlan:
+        if self.evaluates_by_choice():
+            tasks = [self.task(c, cluster=0, select=True) for c in range(self.env.num_clients)]
+            return RoundPlan(tasks, state.models)
         assigned = state.assigned
         tasks = [
             self.task(c, cluster=0 if assigned is None else int(assigned[c]))
             for c in range(self.env.num_clients)
         ]
         return RoundPlan(tasks, state.models)
+
+    def client_evaluate(self, task: ClientTask, ctx: ClientContext) -> EvalReport:
+        """With ``select``: on the cluster model with the lowest train loss."""
+        if task.extra.get("select") and len(ctx.models) > 1:
+            x, y = ctx.train_data()
+            losses, _ = model_scores(ctx.trainer, list(ctx.models), x, y, self.params.loss_clip)
+            task = ClientTask(task.client_id, cluster=int(np.argmin(losses)), train=task.train)
+        return super().client_evaluate(task, ctx)
 
     def assignments(self, state: ClusterState) -> np.ndarray | None:
         return None if state.assigned is None else np.asarray(state.assigned)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from algorithms.base import FederatedAlgorithm
-from raysim.protocol import ClientReport, RoundPlan, ServerResult
+from raysim.protocol import Message, RoundPlan, ServerResult
 
 
 @dataclass
@@ -19,6 +19,7 @@ class GlobalState:
 
 class FedAvg(FederatedAlgorithm):
     name = "fedavg"
+    privacy_modes = ("none", "sample", "client", "distributed", "dprivacy")
 
     def init_state(self, rng: np.random.Generator) -> GlobalState:
         return GlobalState(self.env.init_weights.clone())
@@ -30,11 +31,10 @@ class FedAvg(FederatedAlgorithm):
         self,
         state: GlobalState,
         plan: RoundPlan,
-        reports: list[ClientReport],
+        reports: list[Message],
         rng: np.random.Generator,
     ) -> ServerResult:
-        model = self.aggregate(state.model, reports, rng)
-        return ServerResult(GlobalState(model), self.privacy_charges(plan.round, reports))
+        return ServerResult(GlobalState(self.aggregate(state.model, reports, rng)))
 
     def plan_evaluation(self, state: GlobalState) -> RoundPlan:
         return RoundPlan([self.task(c) for c in range(self.env.num_clients)], [state.model])

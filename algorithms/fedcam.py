@@ -19,9 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.aggregation import noisy_sum
-from raysim.planning import CentralPlan
-from raysim.protocol import ClientReport
+from raysim.protocol import Message
 
 
 def joint_sensitivity(global_sens: float, cluster_sens: float) -> float:
@@ -32,7 +30,7 @@ def fedcam_moves(
     algo: Any,
     models: list[torch.Tensor],
     global_model: torch.Tensor,
-    reports: list[ClientReport],
+    reports: list[Message],
     groups: np.ndarray,
     rng: np.random.Generator,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -40,9 +38,8 @@ def fedcam_moves(
     share, lr = algo.params.global_share, algo.cfg.algorithm.server_lr
     updates = [r.update for r in reports]
     n = max(len(updates), 1)
-    if isinstance(algo.plan, CentralPlan):
-        clip, z, sens = algo.cfg.privacy.clip, algo.plan.noise, algo.model_sensitivity()
-        total = noisy_sum(updates, clip, sens, z, rng, global_model.numel())
+    if algo.privacy.central_noise:
+        total = algo.privacy.noisy_sum(updates, algo.model_sensitivity(), rng, global_model.numel())
     else:
         total = torch.stack(updates).sum(0) if updates else torch.zeros_like(global_model)
     new_global = global_model + lr * share * total / n

@@ -12,19 +12,16 @@ from __future__ import annotations
 import torch
 
 from algorithms.base import Environment
-from algorithms.clustered import _SHAPES
 from algorithms.fedavg import FedAvg, GlobalState
 from raysim.models import build_model
+from raysim.privacy import postprocess
 from raysim.protocol import ClientContext, ClientReport, ClientTask, EvalReport, RoundPlan
 
 
 def head_size(env: Environment) -> int:
     """Parameters of the last layer (weight and bias: the last two in flattening order)."""
     cfg = env.cfg
-    if cfg.data.dataset == "synthetic_linear":
-        shape, classes = (cfg.data.dim,), 0
-    else:
-        shape, classes = _SHAPES[cfg.data.dataset]
+    shape, classes = env.feature_shape, env.num_classes
     kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
     params = list(build_model(cfg.model.name, shape, classes, seed=0, **kwargs).parameters())
     return sum(p.numel() for p in params[-2:])
@@ -32,6 +29,7 @@ def head_size(env: Environment) -> int:
 
 class FedPer(FedAvg):
     name = "fedper"
+    privacy_modes = ("none", "sample", "client")
 
     def __init__(self, env: Environment) -> None:
         super().__init__(env)
@@ -45,11 +43,16 @@ class FedPer(FedAvg):
     def client_step(self, task: ClientTask, ctx: ClientContext) -> ClientReport:
         start = self.personal(ctx.models[0], task.state)
         report = self.train_client(task, ctx, start)
-        new_head = (start + report.update)[-self.head :].clone()
-        report.update = report.update.clone()
-        report.update[-self.head :] = 0.0  # the head stays on the client
-        report.state = new_head
+        report.state = (start + getattr(report.update, "value", report.update))[
+            -self.head :
+        ].clone()
+        report.update = postprocess(report.update, self.body_only)  # the head stays on the client
         return report
+
+    def body_only(self, update: torch.Tensor) -> torch.Tensor:
+        out = update.clone()
+        out[-self.head :] = 0.0
+        return out
 
     def plan_evaluation(self, state: GlobalState) -> RoundPlan:
         return RoundPlan([self.task(c) for c in range(self.env.num_clients)], [state.model])

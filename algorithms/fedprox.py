@@ -17,6 +17,7 @@ class FedProxParams(BaseModel):
 
 class FedProx(FedAvg):
     name = "fedprox"
+    privacy_modes = ("none", "sample", "client")
     Params = FedProxParams
 
     def task(self, client: int, cluster: int | None = 0, **extra: object) -> ClientTask:

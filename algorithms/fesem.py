@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from raysim.privacy import postprocess
 from raysim.protocol import ClientContext, ClientReport, ClientTask
 
 
@@ -27,8 +28,8 @@ def fesem_step(algo: Any, task: ClientTask, ctx: ClientContext) -> ClientReport:
     models = list(ctx.models)
     start = torch.stack(models).mean(0)
     report = algo.train_client(task, ctx, start, selected=True)
-    local = start + report.update
+    local = start + getattr(report.update, "value", report.update)
     j = nearest_centre(local, models)
-    report.update = local - models[j]
+    report.update = postprocess(report.update, lambda _: local - models[j])
     report.cluster = j
     return report

@@ -4,18 +4,15 @@ data best (accuracy, or clipped loss: ``select_by``) — privately, with the exp
 mechanism, charged to its ledger — trains it, and each cluster model moves by the mean of its
 members' updates.
 
-Extension point for client-level DP (RR-Cluster): the choice lives in ``client_step`` /
-``choose_cluster`` (client side) and the aggregation in
-``ClusteredAlgorithm.aggregate_clusters``, which already defers to the base's central noisy
-sum under a CentralPlan. A client-level variant adds "client" to ``privacy_modes``, makes the
-client report its exact choice and privatizes the one-hot identifiers on the server
-(``raysim.privacy.privatize_onehot``) before grouping the reports, with the identifier noise
-in its CentralPlan (``id_noise_ratio``).
+Extension point for client-level DP (RR-Cluster): the choice lives in ``client_step`` (client
+side, released through the privacy mode) and the aggregation in
+``ClusteredAlgorithm.aggregate_clusters``, which defers to the base's central noisy sum under
+client-level DP. A client-level variant adds "client" to ``privacy_modes``, lets the client
+report its exact choice to the trusted server and privatizes the identifiers there
+(``privacy.privatize_ids``), with the identifier noise planned through ``id_noise_ratio``.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -25,7 +22,7 @@ from algorithms.clustered import (
     SelectionParams,
     random_models,
 )
-from raysim.protocol import ClientReport, RoundPlan, ServerResult
+from raysim.protocol import Message, RoundPlan, ServerResult
 
 
 class IFCAParams(SelectionParams):
@@ -35,9 +32,7 @@ class IFCAParams(SelectionParams):
 class IFCA(ClusteredAlgorithm):
     name = "ifca"
     Params = IFCAParams
-
-    def selection_window(self) -> int:
-        return math.ceil(self.params.selection_fraction * self.cfg.rounds)
+    privacy_modes = ("none", "sample", "distributed", "dprivacy")
 
     def reserved_selections(self) -> int:
         return min(self.cfg.rounds, self.selection_window())
@@ -46,7 +41,7 @@ class IFCA(ClusteredAlgorithm):
         return round <= self.selection_window()
 
     def init_state(self, rng: np.random.Generator) -> ClusterState:
-        m = self.default_num_clusters()
+        m = self.num_clusters()
         if self.params.random_init:
             models = random_models(self.env, m, int(rng.integers(2**31 - 1)))
         else:
@@ -65,18 +60,10 @@ class IFCA(ClusteredAlgorithm):
         self,
         state: ClusterState,
         plan: RoundPlan,
-        reports: list[ClientReport],
+        reports: list[Message],
         rng: np.random.Generator,
     ) -> ServerResult:
-        charges = self.privacy_charges(plan.round, reports) + self.selection_charges(reports)
         models = self.aggregate_clusters(state.models, reports, rng)
-        assigned = (
-            np.zeros(self.env.num_clients, dtype=np.int64)
-            if state.assigned is None
-            else state.assigned.copy()
-        )
-        for r in reports:
-            if r.cluster is not None:
-                assigned[r.client_id] = r.cluster
+        assigned = self.updated_assignments(state, reports)
         metrics = self.cluster_metrics(assigned, len(models))
-        return ServerResult(ClusterState(models, assigned, state.info), charges, metrics)
+        return ServerResult(ClusterState(models, assigned, state.info), metrics)

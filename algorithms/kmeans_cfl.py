@@ -11,6 +11,8 @@ updates computed at model k. All cluster models start from the shared initial mo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,7 +21,14 @@ from algorithms.clustered import ClusteredAlgorithm, ClusterState
 from raysim.clustering import kmeans, match_labels, prepare_features
 from raysim.planning import dpsgd_round_phase
 from raysim.privacy import Phase
-from raysim.protocol import ClientContext, ClientReport, ClientTask, RoundPlan, ServerResult
+from raysim.protocol import (
+    ClientContext,
+    ClientReport,
+    ClientTask,
+    Message,
+    RoundPlan,
+    ServerResult,
+)
 
 
 class KMeansParams(BaseModel):
@@ -33,11 +42,11 @@ class KMeansCFL(ClusteredAlgorithm):
 
     def dpsgd_schedule(self, n: int) -> list[Phase]:
         one = dpsgd_round_phase(n, self.base_train_config())
-        m = self.default_num_clusters()
+        m = self.num_clusters()
         return [Phase(one.sampling_rate, one.steps * m)] * self.cfg.rounds
 
     def init_state(self, rng: np.random.Generator) -> ClusterState:
-        m = self.default_num_clusters()
+        m = self.num_clusters()
         return ClusterState([self.env.init_weights.clone() for _ in range(m)])
 
     def plan_round(self, state: ClusterState, round: int, rng: np.random.Generator) -> RoundPlan:
@@ -45,29 +54,28 @@ class KMeansCFL(ClusteredAlgorithm):
 
     def client_step(self, task: ClientTask, ctx: ClientContext) -> ClientReport:
         x, y = ctx.train_data()
-        updates, loss = [], float("nan")
-        for m, w in enumerate(ctx.models):
-            res = ctx.trainer.train(w, x, y, task.train, ctx.generator(f"train_model{m}"))
-            updates.append(res.update)
-            loss = res.train_loss
-        return ClientReport(task.client_id, torch.stack(updates), len(x), None, loss)
+        results = [
+            ctx.trainer.train(w, x, y, task.train, ctx.generator(f"train_model{m}"))
+            for m, w in enumerate(ctx.models)
+        ]
+        report = ClientReport(task.client_id, None, len(x), None, results[-1].train_loss)
+        stacked = torch.stack([res.update for res in results])
+        # M DP-SGD runs released together: their steps add up (one phase at the same rate)
+        merged = replace(results[0], update=stacked, steps=sum(res.steps for res in results))
+        self.privacy.release_update(report, task, merged, ctx)
+        return report
 
     def server_step(
         self,
         state: ClusterState,
         plan: RoundPlan,
-        reports: list[ClientReport],
+        reports: list[Message],
         rng: np.random.Generator,
     ) -> ServerResult:
         m = len(state.models)
-        charges = self.privacy_charges(plan.round, reports)
-        assigned = (
-            np.zeros(self.env.num_clients, dtype=np.int64)
-            if state.assigned is None
-            else state.assigned.copy()
-        )
+        assigned = self.updated_assignments(state, [])
         if not reports:
-            return ServerResult(state, charges)
+            return ServerResult(state)
         seed = int(rng.integers(2**31 - 1))
         feats = prepare_features(np.stack([r.update.reshape(-1).double().numpy() for r in reports]))
         labels = kmeans(feats, m, seed, self.params.kmeans_n_init)
@@ -80,4 +88,4 @@ class KMeansCFL(ClusteredAlgorithm):
             members = [r.update[k] for r, lab in zip(reports, labels, strict=True) if lab == k]
             models.append(model + lr * torch.stack(members).mean(0) if members else model)
         metrics = self.cluster_metrics(assigned, m)
-        return ServerResult(ClusterState(models, assigned, state.info), charges, metrics)
+        return ServerResult(ClusterState(models, assigned, state.info), metrics)

@@ -7,7 +7,14 @@ from __future__ import annotations
 import numpy as np
 
 from algorithms.base import FederatedAlgorithm
-from raysim.protocol import ClientContext, ClientReport, ClientTask, RoundPlan, ServerResult
+from raysim.protocol import (
+    ClientContext,
+    ClientReport,
+    ClientTask,
+    Message,
+    RoundPlan,
+    ServerResult,
+)
 
 
 class Local(FederatedAlgorithm):
@@ -25,14 +32,14 @@ class Local(FederatedAlgorithm):
     def client_step(self, task: ClientTask, ctx: ClientContext) -> ClientReport:
         start = task.state if task.state is not None else ctx.models[0]
         report = self.train_client(task, ctx, start)
-        report.state = start + report.update  # the personal model; nothing goes to the server
-        report.update = None
+        # the personal model stays on the client (its DP-SGD is still charged)
+        report.state = start + report.withhold_update()
         return report
 
     def server_step(
-        self, state: None, plan: RoundPlan, reports: list[ClientReport], rng: np.random.Generator
+        self, state: None, plan: RoundPlan, reports: list[Message], rng: np.random.Generator
     ) -> ServerResult:
-        return ServerResult(None, self.privacy_charges(plan.round, reports))
+        return ServerResult(None)
 
     def plan_evaluation(self, state: None) -> RoundPlan:
         # Clients that never trained are judged on the initial model (broadcast as model 0).

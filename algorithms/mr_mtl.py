@@ -20,7 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from algorithms.base import FederatedAlgorithm
 from algorithms.fedavg import GlobalState
 from raysim.aggregation import weighted_mean
-from raysim.protocol import ClientContext, ClientReport, ClientTask, RoundPlan, ServerResult
+from raysim.protocol import (
+    ClientContext,
+    ClientReport,
+    ClientTask,
+    Message,
+    RoundPlan,
+    ServerResult,
+)
 
 
 class MRMTLParams(BaseModel):
@@ -50,17 +57,19 @@ class MRMTL(FederatedAlgorithm):
         x, y = ctx.train_data()
         res = ctx.trainer.train(start, x, y, task.train, ctx.generator("train"), prox_center=mean)
         personal = start + res.update
-        return ClientReport(
-            task.client_id, personal - mean, res.num_samples, 0, res.train_loss, state=personal
-        )
+        report = ClientReport(task.client_id, None, res.num_samples, 0, res.train_loss)
+        report.state = personal
+        # a DP-SGD output minus a public model: post-processing of the same release
+        self.privacy.release_update(report, task, replace(res, update=personal - mean), ctx)
+        return report
 
     def server_step(
-        self, state: GlobalState, plan: RoundPlan, reports: list[ClientReport], rng
+        self, state: GlobalState, plan: RoundPlan, reports: list[Message], rng
     ) -> ServerResult:
         model = state.model
         if reports:
             model = model + weighted_mean([r.update for r in reports], [1.0] * len(reports))
-        return ServerResult(GlobalState(model), self.privacy_charges(plan.round, reports))
+        return ServerResult(GlobalState(model))
 
     def plan_evaluation(self, state: GlobalState) -> RoundPlan:
         # personal models travel as client state; clients that never trained use w_bar

@@ -6,14 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 from algorithms.clustered import ClusteredAlgorithm, ClusterState
-from raysim.protocol import ClientReport, RoundPlan, ServerResult
+from raysim.protocol import Message, RoundPlan, ServerResult
 
 
 class Oracle(ClusteredAlgorithm):
     name = "oracle"
+    uses_ground_truth = True  # the oracle is the one algorithm told the true clusters
 
     def init_state(self, rng: np.random.Generator) -> ClusterState:
-        truth = np.asarray(self.env.true_clusters, dtype=np.int64)
+        truth = np.asarray(self.env.ground_truth, dtype=np.int64)
         m = int(truth.max()) + 1
         return ClusterState([self.env.init_weights.clone() for _ in range(m)], truth.copy())
 
@@ -25,9 +26,8 @@ class Oracle(ClusteredAlgorithm):
         self,
         state: ClusterState,
         plan: RoundPlan,
-        reports: list[ClientReport],
+        reports: list[Message],
         rng: np.random.Generator,
     ) -> ServerResult:
         models = self.aggregate_clusters(state.models, reports, rng)
-        new = ClusterState(models, state.assigned, state.info)
-        return ServerResult(new, self.privacy_charges(plan.round, reports))
+        return ServerResult(ClusterState(models, state.assigned, state.info))

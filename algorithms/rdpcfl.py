@@ -31,7 +31,6 @@ a client that makes fewer ends below the requested epsilon, never above.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Literal
 
@@ -48,7 +47,7 @@ from raysim.clustering import (
 )
 from raysim.planning import dpsgd_round_phase
 from raysim.privacy import Phase
-from raysim.protocol import ClientReport, RoundPlan, ServerResult
+from raysim.protocol import Message, RoundPlan, ServerResult
 
 
 class RDPCFLParams(SelectionParams):
@@ -77,10 +76,6 @@ class RDPCFL(ClusteredAlgorithm):
         if self.params.full_batch_first_round:
             first = dpsgd_round_phase(n, replace(base, full_batch=True))
         return [first] + [later] * (self.cfg.rounds - 1)
-
-    def selection_window(self) -> int:
-        """How many rounds of the selection stage clients choose in (the rest keep)."""
-        return math.ceil(self.params.selection_fraction * self.cfg.rounds)
 
     def reserved_selections(self) -> int:
         return max(0, min(self.cfg.rounds - 1, self.selection_window()))
@@ -121,14 +116,13 @@ class RDPCFL(ClusteredAlgorithm):
         self,
         state: ClusterState,
         plan: RoundPlan,
-        reports: list[ClientReport],
+        reports: list[Message],
         rng: np.random.Generator,
     ) -> ServerResult:
-        charges = self.privacy_charges(plan.round, reports) + self.selection_charges(reports)
         if plan.info["stage"] == 1:
             new_state, metrics = self.fit_clusters(reports, rng)
             metrics["stage"] = 1
-            return ServerResult(new_state, charges, metrics)
+            return ServerResult(new_state, metrics)
         models = self.aggregate_clusters(state.models, reports, rng)
         assigned = state.assigned.copy()
         for r in reports:  # stage 3: the clients' choices; stage 2 keeps the GMM's labels
@@ -137,10 +131,10 @@ class RDPCFL(ClusteredAlgorithm):
         info = state.info
         metrics = {**info["metrics"], "stage": plan.info["stage"]}
         metrics.update(self.cluster_metrics(assigned, len(models)))
-        return ServerResult(ClusterState(models, assigned, info), charges, metrics)
+        return ServerResult(ClusterState(models, assigned, info), metrics)
 
     def fit_clusters(
-        self, reports: list[ClientReport], rng: np.random.Generator
+        self, reports: list[Message], rng: np.random.Generator
     ) -> tuple[ClusterState, dict[str, float]]:
         """Stage 1 on the server: GMM, MSS, MPO, E_c and (if not given) M."""
         p = self.params

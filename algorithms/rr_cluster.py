@@ -19,13 +19,12 @@ Privacy decisions (module docstring of ``raysim.rebalancing`` for the sensitivit
   C_s), and |S_j| (hence dividing by it) is post-processing of them.
 - An empty cluster (possible only without rebalancing) releases nothing and keeps its model:
   emptiness is a function of the released ids.
-- Clustering accuracy is measured on the clients' own choices (the quantity the base
-  algorithm computes), matched to the true clusters by the Hungarian method.
+- Clustering accuracy (``raysim.metrics``) is measured on the clients' own choices, matched to
+  the true clusters by the Hungarian method; the algorithm itself never sees the truth.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import numpy as np
@@ -33,19 +32,17 @@ import torch
 from pydantic import Field
 
 from algorithms.base import Environment
-from algorithms.clustered import ClusterState, model_scores
+from algorithms.clustered import ClusterState
 from algorithms.fedcam import fedcam_moves, joint_sensitivity
 from algorithms.fesem import fesem_step
 from algorithms.ifca import IFCA, IFCAParams
-from raysim.aggregation import noisy_sum
 from raysim.config import ConfigError
-from raysim.planning import CentralPlan
-from raysim.privacy import privatize_onehot
+from raysim.modes import PrivacyNeeds
 from raysim.protocol import (
     ClientContext,
     ClientReport,
     ClientTask,
-    EvalReport,
+    Message,
     RoundPlan,
     ServerResult,
 )
@@ -64,20 +61,6 @@ class RRParams(IFCAParams):
     small_clusters: Literal["rebalance", "global"] = "rebalance"  # "global": GMFSC (E.4)
 
 
-def clustering_accuracy(true: np.ndarray, assigned: np.ndarray) -> float:
-    """Fraction of clients whose cluster matches the truth after the best one-to-one relabelling
-    (Hungarian; with fewer clusters than true groups, unmatched groups count as wrong)."""
-    from scipy.optimize import linear_sum_assignment
-
-    true, assigned = np.asarray(true, dtype=np.int64), np.asarray(assigned, dtype=np.int64)
-    if true.size == 0:
-        return float("nan")
-    overlap = np.zeros((int(assigned.max()) + 1, int(true.max()) + 1))
-    np.add.at(overlap, (assigned, true), 1)
-    rows, cols = linear_sum_assignment(-overlap)
-    return float(overlap[rows, cols].sum() / true.size)
-
-
 class RRCluster(IFCA):
     """RR-Cluster over IFCA (Algorithm 2), FeSEM (``algorithms.fesem``: how a client chooses)
     or FedCAM (``algorithms.fedcam``: how the server moves additive models)."""
@@ -93,24 +76,14 @@ class RRCluster(IFCA):
                 "member, accounted only for fixed-size cohorts; use without_replacement"
             )
         super().__init__(env)
-        k = self.default_num_clusters()
+        k = self.num_clusters()
         cohort = self.cfg.training.sampling_rate * env.num_clients
         if self.params.B * k > cohort:
             raise ConfigError(f"algorithm.B: need B <= qM/k = {cohort / k:g}, got {self.params.B}")
 
     # -- privacy ---------------------------------------------------------------------------
-    def make_privacy_plan(self) -> Any:
-        p, t = self.cfg.privacy, self.cfg.training
-        if p.mode != "client":
-            return super().make_privacy_plan()
-        return CentralPlan(
-            p,
-            self.cfg.rounds,
-            t.sampling_rate,
-            t.sampling,
-            self.env.num_clients,
-            id_noise_ratio=self.params.id_noise_ratio,
-        )
+    def privacy_needs(self) -> PrivacyNeeds:
+        return PrivacyNeeds(self.dpsgd_schedule, id_noise_ratio=self.params.id_noise_ratio)
 
     def reserved_selections(self) -> int:
         return 0  # no exponential-mechanism choices: ids are privatized on the server
@@ -128,14 +101,9 @@ class RRCluster(IFCA):
             return cluster
         return joint_sensitivity(sensitivity(clip, 0, replace_one, rule), cluster)
 
-    def id_multiplier(self) -> float:
-        """z of ``privatize_onehot`` (std / C_s) giving the plan's std / sensitivity."""
-        c = self.params.id_clip
-        return self.plan.id_noise * min(1.0, c) * math.sqrt(2.0) / c
-
     def privacy_summary(self) -> dict[str, Any]:
         out = super().privacy_summary()
-        if isinstance(self.plan, CentralPlan):
+        if self.privacy.central_noise:
             out["model_sensitivity"] = self.model_sensitivity()
         return out
 
@@ -145,21 +113,18 @@ class RRCluster(IFCA):
             return fesem_step(self, task, ctx)
         return super().client_step(task, ctx)
 
-    def selecting_task(self, client: int) -> ClientTask:
-        return self.task(client, cluster=None, select=True)
-
     # -- server ----------------------------------------------------------------------------
-    def group(self, reports: list[ClientReport], k: int, rng: np.random.Generator) -> np.ndarray:
+    def group(self, reports: list[Message], k: int, rng: np.random.Generator) -> np.ndarray:
         """Each report's cluster for aggregation: noisy ids (client mode), then rebalancing."""
         chosen = np.array([r.cluster for r in reports], dtype=np.int64)
-        if isinstance(self.plan, CentralPlan) and chosen.size:
-            chosen = privatize_onehot(chosen, k, self.params.id_clip, self.id_multiplier(), rng)
+        if self.privacy.central_noise and chosen.size:
+            chosen = self.privacy.privatize_ids(chosen, k, self.params.id_clip, rng)
         return rebalance(chosen, k, self.rebalancing_B, rng).clusters
 
     def aggregate_groups(
         self,
         models: list[torch.Tensor],
-        reports: list[ClientReport],
+        reports: list[Message],
         groups: np.ndarray,
         rng: np.random.Generator,
     ) -> list[torch.Tensor]:
@@ -171,27 +136,26 @@ class RRCluster(IFCA):
     def cluster_moves(
         self,
         models: list[torch.Tensor],
-        reports: list[ClientReport],
+        reports: list[Message],
         groups: np.ndarray,
         rng: np.random.Generator,
     ) -> list[torch.Tensor]:
         """Each cluster model after its group's update: the base's plain means without DP, the
         clipped sum + N(0, (sens * z)^2) over |S_j| with client-level DP (Algorithm 1 l. 11)."""
-        if not isinstance(self.plan, CentralPlan):
+        if not self.privacy.central_noise:
             regrouped = [
-                ClientReport(r.client_id, r.update, r.num_samples, int(g))
+                Message(r.client_id, r.update, r.num_samples, int(g))
                 for r, g in zip(reports, groups, strict=True)
             ]
             return self.aggregate_clusters(models, regrouped, rng)
-        lr, clip = self.cfg.algorithm.server_lr, self.cfg.privacy.clip
-        sens = self.model_sensitivity()
+        lr, sens = self.cfg.algorithm.server_lr, self.model_sensitivity()
         out = []
         for j, model in enumerate(models):
             members = [r.update for r, g in zip(reports, groups, strict=True) if g == j]
             if not members:
                 out.append(model)
                 continue
-            total = noisy_sum(members, clip, sens, self.plan.noise, rng, model.numel())
+            total = self.privacy.noisy_sum(members, sens, rng, model.numel())
             out.append(model + lr * total / len(members))
         return out
 
@@ -212,7 +176,7 @@ class RRCluster(IFCA):
         self,
         state: ClusterState,
         plan: RoundPlan,
-        reports: list[ClientReport],
+        reports: list[Message],
         rng: np.random.Generator,
     ) -> ServerResult:
         k = len(state.models)
@@ -223,37 +187,20 @@ class RRCluster(IFCA):
             models, info["global"] = fedcam_moves(self, state.models, g, reports, groups, rng)
         else:
             models = self.aggregate_groups(state.models, reports, groups, rng)
-        assigned = (
-            np.full(self.env.num_clients, -1, dtype=np.int64)
-            if state.assigned is None
-            else state.assigned.copy()
-        )
-        for r in reports:
-            if r.cluster is not None:
-                assigned[r.client_id] = r.cluster
+        assigned = self.updated_assignments(state, reports)
         metrics = self.cluster_metrics(np.maximum(assigned, 0), k)
-        seen = assigned >= 0
-        metrics["clustering_accuracy"] = clustering_accuracy(
-            self.env.true_clusters[seen], assigned[seen]
-        )
         sizes = np.bincount(groups, minlength=k) if groups.size else np.zeros(k, dtype=np.int64)
         metrics["round_cluster_size_min"] = int(sizes.min())
-        charges = self.privacy_charges(plan.round, reports)
-        return ServerResult(ClusterState(models, assigned, info), charges, metrics)
+        return ServerResult(ClusterState(models, assigned, info), metrics)
 
-    # -- evaluation --------------------------------------------------------------------------
-    def plan_evaluation(self, state: ClusterState) -> RoundPlan:
-        """Every client is judged on the cluster model with its lowest train loss (IFCA's
-        inference; most clients were never sampled, so the server has no assignment for them)."""
-        tasks = [self.task(c, cluster=0, select=True) for c in range(self.env.num_clients)]
-        return RoundPlan(tasks, state.models)
+    unassigned = -1  # never sampled: no cluster yet (left out of clustering accuracy)
 
-    def client_evaluate(self, task: ClientTask, ctx: ClientContext) -> EvalReport:
-        if task.extra.get("select") and len(ctx.models) > 1:
-            x, y = ctx.train_data()
-            losses, _ = model_scores(ctx.trainer, list(ctx.models), x, y, self.params.loss_clip)
-            task = ClientTask(task.client_id, cluster=int(np.argmin(losses)), train=task.train)
-        return super().client_evaluate(task, ctx)
+    def evaluates_by_choice(self) -> bool:
+        return True  # most clients were never sampled: the server has no assignment for them
 
     def assignments(self, state: ClusterState) -> np.ndarray | None:
         return None if state.assigned is None else np.maximum(state.assigned, 0)
+
+    def choices(self, state: ClusterState) -> np.ndarray | None:
+        """The clients' own last choices, -1 for clients never sampled (clustering accuracy)."""
+        return state.assigned

@@ -114,7 +114,7 @@ def engine(prep, rounds: int) -> float:
         coord = (
             ray.remote(Coordinator)
             .options(num_cpus=0)
-            .remote(cfg, prep.algorithm, [ray.put(prep.dataset)], prep.env.true_clusters, 0.0)
+            .remote(cfg, prep.algorithm, [ray.put(prep.dataset)], prep.truth, 0.0)
         )
         ray.get(coord.info.remote(), timeout=600)
         ray.get(coord.step.remote(), timeout=3000)  # warm-up: actors, Opacus wrapping, caches

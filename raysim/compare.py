@@ -42,99 +42,59 @@ ACCURACY_COLUMNS = (
 # ------------------------------------------------------------------------------ running
 
 
+def inline_loop(prep: Any, device: str | None = None) -> Any:
+    """The engine's round loop (``raysim.rounds.RoundLoop``) for this process, without Ray: the
+    clients run on one in-process ``ClientWorker``, as they would on a worker actor."""
+    import torch
+
+    from raysim.rounds import RoundLoop
+    from raysim.runtime.worker import ClientWorker, model_kwargs
+
+    cfg = prep.cfg
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    worker = ClientWorker(  # a copy of the algorithm, as a worker actor holds
+        copy.deepcopy(prep.algorithm),
+        prep.dataset,
+        cfg.model.name,
+        model_kwargs(cfg),
+        cfg.seed,
+        cfg.runtime.threads_per_worker,
+        1.0 if dev.startswith("cuda") else 0.0,
+    )
+
+    def execute(kind: str, round: int, models: list[Any], tasks: list[Any]) -> list[Any]:
+        stacked = np.stack([m.detach().to("cpu", torch.float32).numpy() for m in models])
+        return worker.run(kind, round, stacked, tasks)
+
+    loop = RoundLoop(cfg, prep.algorithm, prep.truth, execute)
+    loop.device = str(worker.device)
+    return loop
+
+
 def run_inline(
     prep: Any, on_round: Callable[[dict], None] | None = None, device: str | None = None
 ) -> dict[str, Any]:
-    """The coordinator's round loop in one process (no Ray): the result dict of run_session."""
+    """All rounds of ``inline_loop``: the result dict of ``runtime.session.run_session``."""
     import torch
 
     t0 = time.perf_counter()
-    cfg = prep.cfg
-    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.runtime.threads_per_worker)  # as a worker: same bits
     try:
-        return _rounds(prep, on_round, dev, t0)
+        loop = inline_loop(prep, device)
+        for _ in range(prep.cfg.rounds):
+            row = loop.step()
+            if on_round:
+                on_round(row)
     finally:
         torch.set_num_threads(threads)
-
-
-def _rounds(prep: Any, on_round: Callable[[dict], None] | None, dev: str, t0: float) -> dict:
-    import torch
-
-    from raysim.metrics.evaluation import round_metrics
-    from raysim.models import build_model
-    from raysim.privacy import PrivacyLedger
-    from raysim.protocol import ClientContext
-    from raysim.seeding import SERVER, numpy_rng
-    from raysim.training import LocalTrainer
-
-    cfg, algo, ds = prep.cfg, prep.algorithm, prep.dataset
-    kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
-    trainer = LocalTrainer(
-        build_model(cfg.model.name, ds.feature_shape, ds.num_classes, **kwargs), ds.task, dev
-    )
-    client_algo = copy.deepcopy(algo)  # workers hold their own copy, as under Ray
-    truth = np.asarray(prep.env.true_clusters)
-    p = cfg.privacy
-    ledger = PrivacyLedger(
-        delta=p.delta, accountant=p.accountant, budget=p.epsilon if p.mode != "none" else None
-    )
-    state = algo.init_state(numpy_rng(cfg.seed, 0, SERVER, "init"))
-    client_states: dict[int, Any] = {}
-    history: list[dict[str, Any]] = []
-    last_eval: list[Any] = []
-
-    def execute(kind: str, plan: Any, r: int) -> list[Any]:
-        models = [m.detach().to("cpu", torch.float32).clone() for m in plan.models]
-        step = client_algo.client_step if kind == "train" else client_algo.client_evaluate
-        out = []
-        for t in plan.tasks:
-            if t.state is None and t.client_id in client_states:
-                t.state = client_states[t.client_id]
-            out.append(step(t, ClientContext(t.client_id, r, cfg.seed, trainer, ds, models)))
-        return sorted(out, key=lambda rep: rep.client_id)
-
-    for r in range(1, cfg.rounds + 1):
-        start = time.perf_counter()
-        plan = algo.plan_round(state, r, numpy_rng(cfg.seed, r, SERVER, "plan"))
-        plan.round = r
-        reports = execute("train", plan, r)
-        for rep in reports:
-            if rep.state is not None:
-                client_states[rep.client_id] = rep.state
-        result = algo.server_step(state, plan, reports, numpy_rng(cfg.seed, r, SERVER, "server"))
-        for charge in result.charges:
-            ledger.charge(r, charge.clients, charge.mechanism, charge.event, charge.params)
-        ledger.check_budget()
-        state = result.state
-        row: dict[str, Any] = {"round": r, "participants": len(reports), **result.metrics}
-        if r % cfg.training.eval_every == 0 or r == cfg.rounds:
-            last_eval = execute("evaluate", algo.plan_evaluation(state), r)
-            row.update(round_metrics(last_eval, truth, algo.assignments(state)))
-        row["epsilon"] = _max_epsilon(ledger, len(truth))
-        row["round_seconds"] = time.perf_counter() - start
-        history.append(row)
-        if on_round:
-            on_round(row)
+    on_gpu = loop.device.startswith("cuda")
     return {
-        "history": history,
-        "eval": last_eval,
-        "assignments": algo.assignments(state),
-        "ledger_rows": ledger.rows(),
-        "client_epsilon": [ledger.epsilon(c) for c in range(len(truth))],
-        "ledger_summary": ledger.summary(),
+        **loop.results(),
         "workers_replaced": 0,
-        "workers": [{"inline": True, "device": dev}],
-        "gpus_per_worker": 1.0 if dev.startswith("cuda") else 0.0,
+        "workers": [{"inline": True, "device": loop.device}],
+        "gpus_per_worker": 1.0 if on_gpu else 0.0,
         "wall_seconds": time.perf_counter() - t0,
     }
-
-
-def _max_epsilon(ledger: Any, num_clients: int) -> float:
-    if hasattr(ledger, "max_epsilon"):
-        return float(ledger.max_epsilon())
-    return max((ledger.epsilon(c) for c in range(num_clients)), default=0.0)
 
 
 def run_one(prep: Any, out: Path, inline: bool) -> None:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 DATASETS = ("digits", "fmnist", "mnist", "synthetic_linear", "cifar10")
 SHIFTS = ("none", "rotation", "label_flip")
-PRIVACY_MODES = ("none", "sample", "client")
+PRIVACY_MODES = ("none", "sample", "client", "distributed", "dprivacy")  # raysim.modes
 
 
 class ConfigError(ValueError):
@@ -100,16 +100,26 @@ class AlgorithmConfig(BaseModel):
 
 
 class PrivacyConfig(_Section):
-    mode: Literal["none", "sample", "client"] = "sample"
+    mode: Literal["none", "sample", "client", "distributed", "dprivacy"] = "sample"
     epsilon: float | None = Field(4.0, gt=0)
+    # distributed: defaults to population^-1.1 (PINA) when not given
     delta: float = Field(1e-4, gt=0, lt=1)
-    clip: float = Field(3.0, gt=0)  # per-sample clip C (sample) or update clip C_theta (client)
+    clip: float = Field(3.0, gt=0)  # per-sample clip C (sample), update clip C_theta / S (client,
+    # distributed)
     noise_multiplier: float | None = Field(None, ge=0)  # set to skip calibration
     accountant: Literal["rdp", "pld"] = "rdp"
+    # distributed (secure aggregation): the noise-cohort convention of McMahan et al. 2018
+    noise_cohort_size: int = Field(10000, gt=0)
+    population: int | None = Field(None, gt=0)  # for accounting; default data.num_clients
+    noise_source: Literal["server", "clients"] = "server"  # one draw, or per-client shares
+    # dprivacy (metric local DP, Galli et al.): eps = n / (nu * ||delta||) per release
+    nu: float = Field(1.0, gt=0)
+    leakage_cap: float | None = Field(None, gt=0)  # per-client total; a client past it skips
 
     @model_validator(mode="after")
     def _budget_given(self) -> PrivacyConfig:
-        if self.mode != "none" and self.epsilon is None and self.noise_multiplier is None:
+        needs_budget = self.mode not in ("none", "dprivacy")
+        if needs_budget and self.epsilon is None and self.noise_multiplier is None:
             raise ValueError("privacy.epsilon or privacy.noise_multiplier is required under DP")
         return self
 
@@ -156,6 +166,26 @@ class ExperimentConfig(_Section):
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+    @model_validator(mode="after")
+    def _distributed_defaults(self) -> ExperimentConfig:
+        p = self.privacy
+        if p.mode != "distributed":
+            return self
+        population = p.population or self.data.num_clients
+        if population < self.data.num_clients:
+            raise ValueError(
+                f"privacy.population={population} must be at least data.num_clients="
+                f"{self.data.num_clients}"
+            )
+        if p.noise_cohort_size > population:
+            raise ValueError(
+                f"privacy.noise_cohort_size={p.noise_cohort_size} must not exceed the population "
+                f"{population} (privacy.population, default data.num_clients)"
+            )
+        if "delta" not in p.model_fields_set:
+            p.delta = population**-1.1
+        return self
 
     @model_validator(mode="after")
     def _client_level_delta(self) -> ExperimentConfig:

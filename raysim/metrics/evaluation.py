@@ -38,6 +38,23 @@ def clustering_metrics(true_clusters: np.ndarray, assigned: np.ndarray | None) -
     return {"ari": ari, "clustered_correctly": bool(np.isclose(ari, 1.0))}
 
 
+def clustering_accuracy(true: np.ndarray, assigned: np.ndarray) -> float:
+    """Fraction of clients whose cluster matches the truth after the best one-to-one relabelling
+    (Hungarian; with fewer clusters than true groups, unmatched groups count as wrong). Clients
+    with a negative assignment (never chose) are left out."""
+    from scipy.optimize import linear_sum_assignment
+
+    true, assigned = np.asarray(true, dtype=np.int64), np.asarray(assigned, dtype=np.int64)
+    seen = assigned >= 0
+    true, assigned = true[seen], assigned[seen]
+    if true.size == 0:
+        return float("nan")
+    overlap = np.zeros((int(assigned.max()) + 1, int(true.max()) + 1))
+    np.add.at(overlap, (assigned, true), 1)
+    rows, cols = linear_sum_assignment(-overlap)
+    return float(overlap[rows, cols].sum() / true.size)
+
+
 def round_metrics(
     reports: Sequence[EvalReport],
     true_clusters: np.ndarray,

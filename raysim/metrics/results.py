@@ -42,7 +42,7 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
     history = results["history"]
     pq.write_table(_table(history), out / "metrics.parquet")
 
-    truth = np.asarray(prep.env.true_clusters)
+    truth = np.asarray(prep.truth)
     assigned = results.get("assignments")
     eps = results["client_epsilon"]
     evals = {r.client_id: r for r in results["eval"]}
@@ -58,6 +58,13 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
         }
         for c in range(len(truth))
     ]
+    leakage = results.get("client_leakage")
+    if cfg.privacy.mode == "dprivacy" and leakage is not None:  # metric DP: its own ledger
+        for row, total in zip(clients, leakage, strict=True):
+            row["leakage"] = total
+        rows = results.get("metric_ledger_rows") or []
+        if rows:
+            pq.write_table(_table(rows), out / "leakage.parquet")
     pq.write_table(_table(clients), out / "clients.parquet")
     ledger_rows = results["ledger_rows"] or [
         {"client": None, "round": None, "mechanism": None, "params": None, "epsilon": None}
@@ -79,7 +86,11 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
         "final_accuracy": last_eval.get("accuracy"),
         "final_loss": last_eval.get("loss"),
         "final": {k: v for k, v in last_eval.items() if k != "round"},
-        "privacy": {**results.get("privacy", {}), **results["ledger_summary"]},
+        "privacy": {
+            **results.get("privacy", {}),
+            **results["ledger_summary"],
+            **prep.algorithm.privacy_summary(),
+        },
         "wall_seconds": results["wall_seconds"],
         "workers": len(results.get("workers", [])),
         "gpus_per_worker": results.get("gpus_per_worker"),

@@ -37,6 +37,7 @@ from raysim.privacy.mechanisms import (
     private_sketch,
     privatize_onehot,
 )
+from raysim.privacy.release import MetricLeakage, Released, postprocess
 
 __all__ = [
     "AccountantKind",
@@ -46,6 +47,8 @@ __all__ = [
     "Phase",
     "PrivacyConfigError",
     "PrivacyLedger",
+    "MetricLeakage",
+    "Released",
     "calibrate_central",
     "calibrate_dpsgd",
     "calibrate_noise",
@@ -66,6 +69,7 @@ __all__ = [
     "onehot_noise_multiplier",
     "private_sketch",
     "privatize_onehot",
+    "postprocess",
     "rdpcfl_phases",
     "selection_event",
 ]

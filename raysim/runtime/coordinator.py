@@ -1,36 +1,21 @@
 """The Coordinator runs the rounds (DESIGN.md, "One round, as data flows").
 
-It is a plain class so it can be unit-tested; `runtime.session` runs it inside a Ray actor. It
-owns the server state, the clients' persistent state and the privacy ledger; the workers own the
-data and the arithmetic.
+`runtime.session` runs it inside a Ray actor. The rounds themselves are ``raysim.rounds.RoundLoop``
+(the same loop `compare --inline` runs in one process); the coordinator gives it a pool of
+worker actors to run the clients on. The workers own the data and the arithmetic.
 """
 
 from __future__ import annotations
 
-import pickle
-import time
 from typing import Any
 
 import numpy as np
 import ray
 
 from raysim.config import ExperimentConfig
-from raysim.metrics.evaluation import round_metrics
-from raysim.privacy import PrivacyLedger
-from raysim.protocol import EvalReport, RoundPlan
+from raysim.rounds import RoundLoop
 from raysim.runtime.pool import WorkerPool, balance_shards
-from raysim.runtime.worker import ClientWorker
-from raysim.seeding import SERVER, numpy_rng
-
-CHECKPOINT_FIELDS = (
-    "round",
-    "state",
-    "client_states",
-    "ledger",
-    "history",
-    "last_eval",
-    "algorithm",
-)
+from raysim.runtime.worker import ClientWorker, model_kwargs
 
 
 def worker_placement() -> dict[str, Any]:
@@ -44,6 +29,8 @@ def worker_placement() -> dict[str, Any]:
 
 
 class Coordinator:
+    """The Ray side of a run: a worker pool as the ``RoundLoop``'s executor."""
+
     def __init__(
         self,
         cfg: ExperimentConfig,
@@ -53,35 +40,22 @@ class Coordinator:
         num_gpus_per_worker: float,
     ) -> None:
         self.cfg = cfg
-        self.algorithm = algorithm
-        self.true_clusters = true_clusters
-        self.round = 0
-        self.state = algorithm.init_state(numpy_rng(cfg.seed, 0, SERVER, "init"))
-        self.client_states: dict[int, Any] = {}
-        p = cfg.privacy
-        budget = p.epsilon if p.mode != "none" else None
-        self.ledger = PrivacyLedger(
-            delta=p.delta, accountant=p.accountant, budget=budget, num_clients=len(true_clusters)
-        )
-        self.history: list[dict[str, Any]] = []
-        self.last_eval: list[EvalReport] = []
+        self.loop = RoundLoop(cfg, algorithm, true_clusters, self._execute)
         rt = cfg.runtime
-        num_clients = len(true_clusters)
-        size = num_clients if rt.actor_per_client else rt.num_workers
+        size = len(true_clusters) if rt.actor_per_client else rt.num_workers
         actor = ray.remote(ClientWorker).options(
             num_cpus=rt.cpus_per_worker,
             num_gpus=num_gpus_per_worker,
             max_restarts=-1,
             **worker_placement(),
         )
-        model_kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
 
         def make_worker(i: int) -> Any:
             return actor.remote(
                 algorithm,
                 dataset_box[0],
                 cfg.model.name,
-                model_kwargs,
+                model_kwargs(cfg),
                 cfg.seed,
                 rt.threads_per_worker,
                 num_gpus_per_worker,
@@ -89,87 +63,30 @@ class Coordinator:
 
         self.pool = WorkerPool(make_worker, size, rt.round_timeout_s)
 
-    # -- helpers -------------------------------------------------------------------------------
-    def _shards(self, plan: RoundPlan) -> list[tuple[int, list[Any]]]:
+    def _execute(self, kind: str, round: int, models: list[Any], tasks: list[Any]) -> list[Any]:
+        stacked = np.stack([m.numpy() for m in models]) if models else np.zeros((0, 0))
+        models_ref = ray.put(stacked)  # once per round, never per client
         if self.cfg.runtime.actor_per_client:  # each client pinned to its own actor
-            return [(t.client_id, [t]) for t in plan.tasks]
-        return list(enumerate(balance_shards(plan.tasks, len(self.pool.workers))))
-
-    def _execute(self, kind: str, plan: RoundPlan) -> list[Any]:
-        for t in plan.tasks:  # client state lives here and travels with the task
-            if t.state is None and t.client_id in self.client_states:
-                t.state = self.client_states[t.client_id]
-        models = np.stack([m.numpy() for m in plan.models]) if plan.models else np.zeros((0, 0))
-        models_ref = ray.put(models)  # once per round, never per client
-        return self.pool.run(kind, self.round, models_ref, self._shards(plan))
+            shards = [(t.client_id, [t]) for t in tasks]
+        else:
+            shards = list(enumerate(balance_shards(tasks, len(self.pool.workers))))
+        return self.pool.run(kind, round, models_ref, shards)
 
     # -- API -----------------------------------------------------------------------------------
     def info(self) -> list[dict[str, Any]]:
         return self.pool.ready()
 
     def step(self) -> dict[str, Any]:
-        """Run one round; returns its metrics row."""
-        start = time.perf_counter()
-        self.round += 1
-        r, seed = self.round, self.cfg.seed
-        plan = self.algorithm.plan_round(self.state, r, numpy_rng(seed, r, SERVER, "plan"))
-        plan.round = r
-        reports = self._execute("train", plan)
-        reports.sort(key=lambda rep: rep.client_id)
-        for rep in reports:
-            if rep.state is not None:
-                self.client_states[rep.client_id] = rep.state
-        result = self.algorithm.server_step(
-            self.state, plan, reports, numpy_rng(seed, r, SERVER, "server")
-        )
-        for charge in result.charges:
-            self.ledger.charge(r, charge.clients, charge.mechanism, charge.event, charge.params)
-        self.ledger.check_budget()  # never continue past the budget
-        self.state = result.state
-        row: dict[str, Any] = {"round": r, "participants": len(reports)}
-        row.update(result.metrics)
-        if r % self.cfg.training.eval_every == 0 or r == self.cfg.rounds:
-            self.last_eval = self.evaluate()
-            row.update(
-                round_metrics(
-                    self.last_eval,
-                    self.true_clusters,
-                    self.algorithm.assignments(self.state),
-                )
-            )
-        row["epsilon"] = self.ledger.summary()["max_epsilon"]
-        row["round_seconds"] = time.perf_counter() - start
-        self.history.append(row)
-        return row
-
-    def evaluate(self) -> list[EvalReport]:
-        plan = self.algorithm.plan_evaluation(self.state)
-        reports = self._execute("evaluate", plan)
-        return sorted(reports, key=lambda rep: rep.client_id)
+        return self.loop.step()
 
     def snapshot(self) -> bytes:
-        """A checkpoint: everything that changes between rounds. Random generators need no saving:
-        every draw is keyed by (seed, round, client, purpose), so round r+1 after a restore draws
-        exactly what it would have drawn in an uninterrupted run."""
-        return pickle.dumps({k: getattr(self, k) for k in CHECKPOINT_FIELDS})
+        return self.loop.snapshot()
 
     def restore(self, blob: bytes) -> tuple[int, list[dict[str, Any]]]:
-        """Continue from a snapshot; returns the last completed round and the history so far."""
-        saved = pickle.loads(blob)
-        for k in CHECKPOINT_FIELDS:
-            setattr(self, k, saved[k])
-        return self.round, list(self.history)
+        return self.loop.restore(blob)
 
     def results(self) -> dict[str, Any]:
-        return {
-            "history": self.history,
-            "eval": self.last_eval,
-            "assignments": self.algorithm.assignments(self.state),
-            "ledger_rows": self.ledger.rows(),
-            "client_epsilon": [self.ledger.epsilon(c) for c in range(len(self.true_clusters))],
-            "ledger_summary": self.ledger.summary(),
-            "workers_replaced": self.pool.replaced,
-        }
+        return {**self.loop.results(), "workers_replaced": self.pool.replaced}
 
     def shutdown(self) -> None:
         self.pool.shutdown()

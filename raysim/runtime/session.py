@@ -56,7 +56,7 @@ def _start_coordinator(prep: Any, data_ref: Any, gpus: float) -> Any:
     return (
         ray.remote(Coordinator)
         .options(**opts)
-        .remote(prep.cfg, prep.algorithm, [data_ref], prep.env.true_clusters, gpus)
+        .remote(prep.cfg, prep.algorithm, [data_ref], prep.truth, gpus)
     )
 
 

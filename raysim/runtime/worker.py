@@ -18,6 +18,10 @@ from raysim.protocol import ClientContext, ClientTask
 from raysim.training import LocalTrainer
 
 
+def model_kwargs(cfg: Any) -> dict[str, Any]:
+    return {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
+
+
 def pick_device(num_gpus: float) -> torch.device:
     # Ray sets CUDA_VISIBLE_DEVICES for GPU actors; a fake (declared) GPU has no CUDA: ask torch.
     if num_gpus > 0 and torch.cuda.is_available():

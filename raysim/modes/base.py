@@ -1,0 +1,186 @@
+"""The trust boundary: one object per privacy mode (who is trusted, what a client must do to its
+output, what the server may receive, what each release costs).
+
+The engine calls a mode at four points of a round: the client asks it to release its update and
+its cluster choice (``release_update`` / ``release_choice``); the coordinator asks it to admit the
+reports (``admit``: checks each is sanitized as the mode requires and returns the only view the
+server step gets); the server step asks it for central mechanisms (``noisy_sum``,
+``privatize_ids``); and the coordinator charges the ledger with ``charges``, derived from the
+values that were released. Calibration happens in the constructor, before the run, and refuses a
+request that cannot be met (BudgetError).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from raysim.config import ExperimentConfig
+from raysim.privacy import Phase, Released
+from raysim.protocol import Charge, ClientReport, Message, RoundPlan, SecureSums
+
+
+class TrustBoundaryError(RuntimeError):
+    """A report crossed to the server in a form its privacy mode forbids (a bug in an algorithm,
+    never a user mistake)."""
+
+
+@dataclass(frozen=True)
+class PrivacyNeeds:
+    """What an algorithm's schedule asks the mode to calibrate for."""
+
+    dpsgd_schedule: Callable[[int], Sequence[Phase]]  # a client's DP-SGD phases by train size
+    selections: tuple[int, float] = (0, 0.0)  # (count, eps each) of exponential-mechanism choices
+    id_noise_ratio: float | None = None  # client mode: sigma_ids / sigma_model (None: no ids)
+
+
+class PrivacyMode:
+    """``none``: nothing is private; the server sees everything. Subclasses narrow it."""
+
+    name: ClassVar[str] = "none"
+    trusted_server: ClassVar[bool] = True
+    private: ClassVar[bool] = False
+    central_noise: ClassVar[bool] = False  # the server noises sums (``noisy_sum``)
+    secure_aggregation: ClassVar[bool] = False  # the server gets SecureSums, not messages
+
+    def __init__(self, cfg: ExperimentConfig, train_sizes: np.ndarray, needs: PrivacyNeeds):
+        self.cfg, self.privacy = cfg, cfg.privacy
+        self.train_sizes = np.asarray(train_sizes)
+        self.num_clients = len(self.train_sizes)
+        self.needs = needs
+        self._server_releases: list[Released] = []
+
+    # -- before the run ------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Calibrated noise and the trust model, for `raysim privacy` and the run summary."""
+        return {"trusted_server": self.trusted_server}
+
+    # -- client side ---------------------------------------------------------------------------
+    def train_overrides(self, client: int) -> dict[str, Any]:
+        """What the client's local training must do (DP-SGD noise, update clipping)."""
+        return {}
+
+    def release_update(
+        self, report: ClientReport, task: Any, result: Any, ctx: Any, slot: int | None = None
+    ) -> None:
+        """Put the client's trained update on its report, in the form this mode sends (``slot``:
+        where a secure aggregation adds it; default the task's cluster)."""
+        report.update = result.update
+
+    def report_choice(self, report: ClientReport, choice: Any) -> None:
+        """Put the client's cluster choice on its report (hidden in the slot under secure
+        aggregation)."""
+        report.cluster = choice
+
+    def release_choice(
+        self, utility: np.ndarray, sensitivity: float, eps: float, rng: np.random.Generator
+    ) -> Any:
+        """The client's choice of a cluster: the exact best outside sample-level DP."""
+        return int(np.argmax(utility))
+
+    # -- the boundary --------------------------------------------------------------------------
+    def admit(
+        self, algorithm: str, plan: RoundPlan, reports: list[ClientReport], rng: np.random.Generator
+    ) -> list[Message] | SecureSums:
+        """Check every report and return the server's view of the round."""
+        tasks = {t.client_id: t for t in plan.tasks}
+        for rep in reports:
+            self.check(algorithm, rep, tasks.get(rep.client_id))
+        return [to_message(r) for r in reports]
+
+    def check(self, algorithm: str, report: ClientReport, task: Any) -> None:
+        if report.contribution is not None:
+            refuse(algorithm, "contribution", f"secure aggregation is not part of mode {self.name}")
+
+    # -- server side ---------------------------------------------------------------------------
+    def noisy_sum(
+        self,
+        updates: Sequence[torch.Tensor],
+        sensitivity: float,
+        rng: np.random.Generator,
+        dim: int,
+    ) -> torch.Tensor:
+        raise TrustBoundaryError(f"privacy mode {self.name!r} has no central noisy sum")
+
+    def privatize_ids(
+        self, ids: np.ndarray, k: int, clip: float, rng: np.random.Generator
+    ) -> np.ndarray:
+        raise TrustBoundaryError(f"privacy mode {self.name!r} has no identifier mechanism")
+
+    def record(self, released: Released) -> Any:
+        """Keep a server-side release for this round's charge; returns its value."""
+        self._server_releases.append(released)
+        return released.value
+
+    # -- accounting ----------------------------------------------------------------------------
+    def release_leakage(self, dim: int) -> float:
+        """Metric (d-privacy) leakage of one release (0: this mode's costs are DpEvents)."""
+        return 0.0
+
+    def leakages(self, reports: list[ClientReport]) -> list[tuple[int, Any]]:
+        """The metric leakage records on the reports (``dprivacy``)."""
+        return []
+
+    def charges(self, round: int, reports: list[ClientReport]) -> list[Charge]:
+        """The round's charges, derived from what was released (clients' and server's)."""
+        self._server_releases.clear()
+        return []
+
+    def planned_charges(
+        self, round: int, participants: Sequence[int], selecting: Sequence[int]
+    ) -> list[Charge]:
+        """The calibrated schedule's charges for a round (``raysim privacy``; tests compare it with
+        ``charges``)."""
+        return []
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def refuse(algorithm: str, field: str, why: str) -> None:
+    raise TrustBoundaryError(f"algorithm {algorithm!r}: report field {field!r}: {why}")
+
+
+def value(x: Any) -> Any:
+    return x.value if isinstance(x, Released) else x
+
+
+def to_message(r: ClientReport) -> Message:
+    cluster = value(r.cluster)
+    return Message(
+        r.client_id,
+        value(r.update),
+        r.num_samples,
+        None if cluster is None else int(cluster),
+        dict(r.extra),
+    )
+
+
+def group_releases(releases: Sequence[tuple[int, Released]]) -> list[Charge]:
+    """One charge per distinct (mechanism, event, params), to every client that released it, in
+    order of first appearance (clients of one train size share one ledger history)."""
+    groups: dict[tuple[str, str, str], Charge] = {}
+    for client, rel in releases:
+        key = (rel.mechanism, repr(rel.event), json.dumps(rel.params, sort_keys=True, default=str))
+        if key not in groups:
+            groups[key] = Charge(rel.mechanism, rel.event, [], dict(rel.params))
+        groups[key].clients.append(client)  # type: ignore[union-attr]
+    return list(groups.values())
+
+
+def client_releases(reports: Sequence[ClientReport]) -> list[tuple[int, Released]]:
+    """Every accounted release on the reports: updates (sent or withheld) first, then choices."""
+    out = []
+    for r in reports:
+        for rel in [r.update, *r.withheld]:
+            if isinstance(rel, Released) and rel.event is not None:
+                out.append((r.client_id, rel))
+    for r in reports:
+        if isinstance(r.cluster, Released) and r.cluster.event is not None:
+            out.append((r.client_id, r.cluster))
+    return out

@@ -1,0 +1,117 @@
+"""``privacy.mode: client``: client-level DP with a trusted server (DP-FedAvg, RR-Cluster).
+
+Clients clip their updates and send them as they are; the server releases only noisy sums
+(Gaussian, amplified by client sampling) and, where an algorithm groups clients by their
+reported cluster, noisy identifiers. The round's charge is derived from those releases: one
+population-wide event, the model Gaussian composed with the identifier Gaussian if ids were
+released. Sums over disjoint groups (one per cluster) compose in parallel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from raysim.modes.base import PrivacyMode, TrustBoundaryError
+from raysim.planning import CentralPlan
+from raysim.privacy import Released, central_round_event, clip_l2, gaussian_mechanism
+from raysim.privacy import privatize_onehot as _privatize_onehot
+from raysim.protocol import Charge, ClientReport
+
+
+class ClientLevel(PrivacyMode):
+    name = "client"
+    private = True
+    central_noise = True  # the (trusted) server sees raw updates and noises their sums
+
+    def __init__(self, cfg, train_sizes, needs) -> None:
+        super().__init__(cfg, train_sizes, needs)
+        t = cfg.training
+        self.plan = CentralPlan(
+            cfg.privacy,
+            cfg.rounds,
+            t.sampling_rate,
+            t.sampling,
+            self.num_clients,
+            id_noise_ratio=needs.id_noise_ratio,
+        )
+
+    @property
+    def replace_one(self) -> bool:
+        return self.plan.sampling == "without_replacement"
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), **self.plan.summary()}
+
+    def train_overrides(self, client: int) -> dict[str, Any]:
+        return {"update_clip": self.privacy.clip}
+
+    # -- server-side mechanisms ----------------------------------------------------------------
+    def sensitivity(self, clip: float | None = None) -> float:
+        """Of one clipped sum: C under add/remove (Poisson), 2C under replace-one (fixed cohort)."""
+        return self.plan.sensitivity(self.privacy.clip if clip is None else clip)
+
+    def noisy_sum(
+        self,
+        updates: Sequence[torch.Tensor],
+        sensitivity: float,
+        rng: np.random.Generator,
+        dim: int,
+    ) -> torch.Tensor:
+        """Clip each update, sum, add N(0, (sensitivity * z)^2) per coordinate. An empty group
+        still releases noise.
+
+        All of a round's sums are parts of ONE Gaussian mechanism, charged once: ``sensitivity``
+        must bound the change of all of them together (sums over disjoint groups, such as one per
+        cluster: the sensitivity of one sum; overlapping sums, such as FedCAM's global and cluster
+        sums: their joint sensitivity)."""
+        total = np.zeros(dim, dtype=np.float64)
+        if updates:
+            total = clip_l2(torch.stack(list(updates)).double().numpy(), self.privacy.clip).sum(0)
+        noisy = gaussian_mechanism(total, sensitivity, self.plan.noise, rng)
+        z = self.plan.noise
+        rel = Released(torch.from_numpy(noisy).float(), "central_gaussian", None, {"z": z})
+        return self.record(rel)
+
+    def privatize_ids(
+        self, ids: np.ndarray, k: int, clip: float, rng: np.random.Generator
+    ) -> np.ndarray:
+        """RR-Cluster's noisy identifiers (Algorithm 2, l. 8-9) at the plan's identifier noise:
+        the plan's multiplier is std / sensitivity, the one-hot's sensitivity min(1, C_s), times
+        sqrt(2) under replace-one."""
+        if self.plan.id_noise is None:
+            raise TrustBoundaryError("identifiers were not planned (needs.id_noise_ratio)")
+        factor = math.sqrt(2.0) if self.replace_one else 1.0
+        z = self.plan.id_noise * min(1.0, clip) * factor / clip
+        noisy = _privatize_onehot(ids, k, clip, z, rng)
+        return self.record(Released(noisy, "identifier_gaussian", None, {"z": self.plan.id_noise}))
+
+    # -- accounting ----------------------------------------------------------------------------
+    def charges(self, round: int, reports: list[ClientReport]) -> list[Charge]:
+        released = list(self._server_releases)
+        super().charges(round, reports)
+        sums = {r.params["z"] for r in released if r.mechanism == "central_gaussian"}
+        ids = {r.params["z"] for r in released if r.mechanism == "identifier_gaussian"}
+        if not sums:
+            if ids:
+                raise TrustBoundaryError("identifiers released without a model sum")
+            return []
+        if len(sums) > 1 or len(ids) > 1:
+            raise TrustBoundaryError(f"one round released sums at several noise levels: {sums}")
+        return [self._charge(sums.pop(), ids.pop() if ids else None)]
+
+    def _charge(self, z: float, z_id: float | None) -> Charge:
+        p = self.plan
+        event = central_round_event(p.sampling_rate, z, z_id, p.sampling, p.population)
+        return Charge(
+            "central_gaussian", event, None, {"z": z, "q": p.sampling_rate, "sampling": p.sampling}
+        )
+
+    def planned_charges(
+        self, round: int, participants: Sequence[int], selecting: Sequence[int]
+    ) -> list[Charge]:
+        return [self._charge(self.plan.noise, self.plan.id_noise)]

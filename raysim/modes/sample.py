@@ -1,0 +1,89 @@
+"""``privacy.mode: sample``: each client runs DP-SGD and is accounted on its own (R-DPCFL).
+
+Everything a client sends is a release charged to its own ledger: its update (the DP-SGD output,
+event from the steps that actually ran) and any cluster choice it made (the exponential
+mechanism). A cluster index equal to the one the server assigned is the server's own knowledge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from raysim.modes.base import PrivacyMode, client_releases, group_releases, refuse
+from raysim.planning import SampleLevelPlan
+from raysim.privacy import Phase, Released, dpsgd_event, exponential_select, selection_event
+from raysim.protocol import Charge, ClientReport
+from raysim.training import sampling_plan
+
+
+class SampleLevel(PrivacyMode):
+    name = "sample"
+    private = True
+
+    def __init__(self, cfg, train_sizes, needs) -> None:
+        super().__init__(cfg, train_sizes, needs)
+        count, eps = needs.selections
+        self.plan = SampleLevelPlan(
+            cfg.privacy, self.train_sizes, needs.dpsgd_schedule, (count, eps) if count else (0, 0.0)
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), **self.plan.summary()}
+
+    def train_overrides(self, client: int) -> dict[str, Any]:
+        return {
+            "dp_noise_multiplier": self.plan.noise_multiplier(client),
+            "dp_clip": self.privacy.clip,
+        }
+
+    def release_update(
+        self, report: ClientReport, task: Any, result: Any, ctx: Any, slot: int | None = None
+    ) -> None:
+        report.update = release_dpsgd(result.update, task.train, result.num_samples, result.steps)
+
+    def release_choice(
+        self, utility: np.ndarray, sensitivity: float, eps: float, rng: np.random.Generator
+    ) -> Released:
+        choice = int(exponential_select(utility, eps, sensitivity, rng))
+        return Released(choice, "exponential_selection", selection_event(eps, 1), {"epsilon": eps})
+
+    def check(self, algorithm: str, report: ClientReport, task: Any) -> None:
+        super().check(algorithm, report, task)
+        if report.update is not None and not isinstance(report.update, Released):
+            refuse(algorithm, "update", "sample-level DP sends only DP-SGD outputs (Released)")
+        assigned = None if task is None else task.cluster
+        if report.cluster is not None and not isinstance(report.cluster, Released):
+            if report.cluster != assigned:
+                refuse(algorithm, "cluster", "a client's own choice must be released privately")
+
+    def charges(self, round: int, reports: list[ClientReport]) -> list[Charge]:
+        super().charges(round, reports)
+        return group_releases(client_releases(reports))
+
+    def planned_charges(
+        self, round: int, participants: Sequence[int], selecting: Sequence[int]
+    ) -> list[Charge]:
+        groups: dict[int, list[int]] = {}
+        for c in participants:
+            groups.setdefault(int(self.train_sizes[c]), []).append(int(c))
+        out = []
+        for n, clients in groups.items():
+            phase = self.needs.dpsgd_schedule(n)[round - 1]
+            params = {"z": self.plan.noise[n], "q": phase.sampling_rate, "steps": phase.steps}
+            out.append(Charge("dpsgd", self.plan.round_event(clients[0], round), clients, params))
+        eps = self.needs.selections[1]
+        if selecting and eps:
+            event = selection_event(eps, 1)
+            out.append(Charge("exponential_selection", event, list(selecting), {"epsilon": eps}))
+        return out
+
+
+def release_dpsgd(update: Any, train: Any, n: int, steps: int) -> Released:
+    """A DP-SGD output and its cost: ``steps`` steps at the rate the trainer sampled with."""
+    z = train.dp_noise_multiplier
+    q = sampling_plan(n, train).q
+    event = dpsgd_event([Phase(q, steps)], z)
+    return Released(update, "dpsgd", event, {"z": z, "q": q, "steps": steps})

@@ -1,0 +1,152 @@
+"""The round loop (DESIGN: "One round, as data flows"), one copy for every way of running.
+
+``RoundLoop`` owns the server state, the clients' persistent state and the privacy ledger, and
+leaves the clients' arithmetic to an ``execute`` callable: the Ray coordinator passes its worker
+pool (``runtime.coordinator``), ``raysim compare --inline`` an in-process worker. Nothing here
+imports Ray, so the GPU machine runs the very same loop.
+
+One round: the algorithm plans it; the clients run; their persistent state is kept here; the
+privacy mode admits the reports (the only view the server step gets); the server step runs; the
+ledger is charged from what was released and the budget checked; metrics against the truth are
+computed here, never by the algorithm.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from raysim.config import ExperimentConfig
+from raysim.metrics.evaluation import clustering_accuracy, round_metrics
+from raysim.privacy import PrivacyLedger
+from raysim.privacy.metric_ledger import MetricLedger
+from raysim.protocol import ClientTask, EvalReport, RoundPlan
+from raysim.seeding import SERVER, numpy_rng
+
+# execute(kind, round, models, tasks) -> one report per task ("train" or "evaluate")
+Execute = Callable[[str, int, list[torch.Tensor], list[ClientTask]], list[Any]]
+
+CHECKPOINT_FIELDS = (
+    "round",
+    "state",
+    "client_states",
+    "ledger",
+    "metric_ledger",
+    "history",
+    "last_eval",
+    "algorithm",
+)
+
+
+class RoundLoop:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        algorithm: Any,
+        true_clusters: np.ndarray,
+        execute: Execute,
+    ) -> None:
+        self.cfg, self.algorithm, self.execute = cfg, algorithm, execute
+        self.true_clusters = np.asarray(true_clusters)
+        self.round = 0
+        self.state = algorithm.init_state(numpy_rng(cfg.seed, 0, SERVER, "init"))
+        self.client_states: dict[int, Any] = {}
+        p = cfg.privacy
+        self.ledger = PrivacyLedger(
+            delta=p.delta,
+            accountant=p.accountant,
+            budget=p.epsilon if p.mode != "none" else None,
+            num_clients=self.num_clients,
+        )
+        self.metric_ledger = MetricLedger(cap=p.leakage_cap if p.mode == "dprivacy" else None)
+        self.history: list[dict[str, Any]] = []
+        self.last_eval: list[EvalReport] = []
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.true_clusters)
+
+    def _run(self, kind: str, plan: RoundPlan) -> list[Any]:
+        for t in plan.tasks:  # client state lives here and travels with the task
+            if t.state is None and t.client_id in self.client_states:
+                t.state = self.client_states[t.client_id]
+        reports = self.execute(kind, self.round, list(plan.models), plan.tasks)
+        return sorted(reports, key=lambda rep: rep.client_id)
+
+    def step(self) -> dict[str, Any]:
+        """Run one round; returns its metrics row."""
+        start = time.perf_counter()
+        self.round += 1
+        r, seed, algo = self.round, self.cfg.seed, self.algorithm
+        plan = algo.plan_round(self.state, r, numpy_rng(seed, r, SERVER, "plan"))
+        plan.round = r
+        skipped = self._skip_over_cap(plan)
+        reports = self._run("train", plan)
+        for rep in reports:
+            if rep.state is not None:
+                self.client_states[rep.client_id] = rep.state
+        view = algo.privacy.admit(algo.name, plan, reports, numpy_rng(seed, r, SERVER, "secure"))
+        result = algo.server_step(self.state, plan, view, numpy_rng(seed, r, SERVER, "server"))
+        for charge in algo.privacy.charges(r, reports):
+            self.ledger.charge(r, charge.clients, charge.mechanism, charge.event, charge.params)
+        self.ledger.check_budget()  # never continue past the budget
+        for client, leak in algo.privacy.leakages(reports):
+            self.metric_ledger.record(r, client, leak.dim, leak.radius, leak.epsilon)
+        self.state = result.state
+        row: dict[str, Any] = {"round": r, "participants": len(reports), **result.metrics}
+        if skipped:
+            row["skipped_over_cap"] = skipped
+        choices = algo.choices(self.state)
+        if choices is not None:
+            row["clustering_accuracy"] = clustering_accuracy(self.true_clusters, choices)
+        if r % self.cfg.training.eval_every == 0 or r == self.cfg.rounds:
+            self.last_eval = self.evaluate()
+            row.update(
+                round_metrics(self.last_eval, self.true_clusters, algo.assignments(self.state))
+            )
+        row["epsilon"] = self.ledger.summary()["max_epsilon"]
+        row["round_seconds"] = time.perf_counter() - start
+        self.history.append(row)
+        return row
+
+    def _skip_over_cap(self, plan: RoundPlan) -> int:
+        """Under a leakage cap, a client whose next release would cross it sits the round out."""
+        if self.metric_ledger.cap is None or not plan.models:
+            return 0
+        cost = self.algorithm.privacy.release_leakage(int(plan.models[0].numel()))
+        keep = [t for t in plan.tasks if not self.metric_ledger.would_exceed(t.client_id, cost)]
+        skipped, plan.tasks = len(plan.tasks) - len(keep), keep
+        return skipped
+
+    def evaluate(self) -> list[EvalReport]:
+        return self._run("evaluate", self.algorithm.plan_evaluation(self.state))
+
+    def snapshot(self) -> bytes:
+        """A checkpoint: everything that changes between rounds. Random generators need no saving:
+        every draw is keyed by (seed, round, client, purpose), so round r+1 after a restore draws
+        exactly what it would have drawn in an uninterrupted run."""
+        return pickle.dumps({k: getattr(self, k) for k in CHECKPOINT_FIELDS})
+
+    def restore(self, blob: bytes) -> tuple[int, list[dict[str, Any]]]:
+        """Continue from a snapshot; returns the last completed round and the history so far."""
+        saved = pickle.loads(blob)
+        for k in CHECKPOINT_FIELDS:
+            setattr(self, k, saved[k])
+        return self.round, list(self.history)
+
+    def results(self) -> dict[str, Any]:
+        return {
+            "history": self.history,
+            "eval": self.last_eval,
+            "assignments": self.algorithm.assignments(self.state),
+            "ledger_rows": self.ledger.rows(),
+            "client_epsilon": [self.ledger.epsilon(c) for c in range(self.num_clients)],
+            "ledger_summary": self.ledger.summary(),
+            "metric_ledger_rows": self.metric_ledger.rows(),
+            "client_leakage": [self.metric_ledger.total(c) for c in range(self.num_clients)],
+        }

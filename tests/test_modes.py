@@ -1,0 +1,320 @@
+"""The trust boundary (raysim.modes): the mode registry, charges derived from what was released
+against the calibrated plan, the run-time refusal of unsanitized reports, the secure sum, and
+the one round loop run in-process and on Ray."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import RAY_TIMEOUT_S, small_config
+
+from algorithms import Environment, get_algorithm
+from algorithms.fedavg import FedAvg
+from raysim.compare import for_algorithm, inline_loop, run_inline
+from raysim.config import PRIVACY_MODES, load_config
+from raysim.experiment import prepare, run_prepared
+from raysim.metrics.results import write_results
+from raysim.modes import MODES, TrustBoundaryError
+from raysim.modes.secure import COUNT_WEIGHT, SecureAggregator, client_noise_share
+from raysim.privacy import PrivacyLedger
+from raysim.protocol import ClientReport, RoundPlan, SecureContribution, SecureSums
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "rounds=2",
+    "data.dataset=digits",
+    "data.num_clients=12",
+    "data.cluster_sizes=[6,6]",
+    "model.name=linear",
+    "training.batch_size=16",
+    "runtime.progress=false",
+    "algorithm.num_clusters=2",
+]
+
+
+def prep_for(*sets: str):
+    cfg = for_algorithm(load_config(None, TINY + list(sets)))
+    return prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+
+
+# --------------------------------------------------------------------------------- registry
+
+
+def test_every_configurable_mode_is_registered_and_named_alike():
+    assert set(MODES) == set(PRIVACY_MODES)
+    for name, cls in MODES.items():
+        assert cls.name == name
+    assert not MODES["distributed"].trusted_server and not MODES["dprivacy"].trusted_server
+    assert MODES["client"].central_noise and MODES["distributed"].secure_aggregation
+
+
+def test_an_algorithm_refuses_a_mode_it_does_not_support():
+    from raysim.config import ConfigError
+
+    with pytest.raises(ConfigError, match="privacy.mode: algorithm 'local' does not support"):
+        prep_for("algorithm.name=local", "privacy.mode=distributed", "privacy.noise_cohort_size=5")
+
+
+# ------------------------------------------------------------- charges from what was released
+
+
+def shipped_configs() -> list[Path]:
+    return sorted((ROOT / "configs").glob("*.yaml")) + [ROOT / "raysim" / "demo.yaml"]
+
+
+def replayed_rows(prep) -> tuple[list, list]:
+    """Run two rounds; return the ledger rows charged from releases, and the rows of a ledger
+    charged from the calibrated plan for the same participants and choices."""
+    loop = inline_loop(prep)
+    seen: list[list] = []
+    execute = loop.execute
+
+    def recording(kind, round, models, tasks):
+        if kind == "train":
+            seen.append(copy.copy(tasks))
+        return execute(kind, round, models, tasks)
+
+    loop.execute = recording
+    for _ in range(prep.cfg.rounds):
+        loop.step()
+    p, algo = prep.cfg.privacy, prep.algorithm
+    plan = PrivacyLedger(delta=p.delta, accountant=p.accountant, num_clients=loop.num_clients)
+    for r, tasks in enumerate(seen, start=1):
+        ids = sorted(t.client_id for t in tasks)
+        selecting = [
+            t.client_id for t in sorted(tasks, key=lambda t: t.client_id) if t.extra.get("select")
+        ]
+        for ch in algo.privacy.planned_charges(r, ids, selecting):
+            plan.charge(r, ch.clients, ch.mechanism, ch.event, ch.params)
+
+    def key(row):
+        return (row["round"], row["mechanism"], -1 if row["client"] is None else row["client"])
+
+    return sorted(loop.ledger.rows(), key=key), sorted(plan.rows(), key=key)
+
+
+@pytest.mark.parametrize("path", shipped_configs(), ids=lambda p: p.stem)
+def test_charges_from_releases_equal_the_plan_on_every_shipped_config(path):
+    """Each shipped config, cut to two rounds and a linear model (the privacy schedule does not
+    depend on the model) and, for the heavy ones, with fewer samples."""
+    cfg = load_config(path)
+    if cfg.data.dataset == "cifar10" and cfg.data.root is None:
+        pytest.skip("CIFAR-10 needs data.root (no offline copy)")
+    sets = ["rounds=2", "model.name=linear", "runtime.progress=false"]
+    if cfg.data.dataset in ("fmnist", "mnist") and cfg.data.num_clients <= 50:
+        sets.append("data.samples_per_client=200")
+    try:
+        cfg = for_algorithm(load_config(path, sets))
+        prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+    except Exception as exc:  # a data set that is not installed
+        if "not found" in str(exc).lower() or "could not find" in str(exc).lower():
+            pytest.skip(str(exc))
+        raise
+    released, planned = replayed_rows(prep)
+    assert len(released) == len(planned) > 0
+    for a, b in zip(released, planned, strict=True):
+        assert (a["client"], a["round"], a["mechanism"]) == (
+            b["client"],
+            b["round"],
+            b["mechanism"],
+        )
+        assert json.loads(a["params"]) == json.loads(b["params"])
+        assert a["epsilon"] == pytest.approx(b["epsilon"], rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ("algorithm.name=ifca", "privacy.mode=sample", "privacy.delta=1e-3"),
+        (
+            "algorithm.name=fedavg",
+            "privacy.mode=client",
+            "privacy.delta=0.01",
+            "training.sampling_rate=0.5",
+        ),
+        (
+            "algorithm.name=rr_cluster",
+            "privacy.mode=client",
+            "privacy.delta=0.01",
+            "training.sampling_rate=0.5",
+            "training.sampling=without_replacement",
+            "algorithm.B=1",
+            "algorithm.base=fedcam",
+        ),
+        ("algorithm.name=ifca", "privacy.mode=distributed", "privacy.noise_cohort_size=6"),
+    ],
+    ids=["ifca-sample", "fedavg-client", "rr-fedcam-client", "ifca-distributed"],
+)
+def test_charges_from_releases_equal_the_plan_per_mode(sets):
+    released, planned = replayed_rows(prep_for(*sets))
+    assert [r["epsilon"] for r in released] == pytest.approx([r["epsilon"] for r in planned])
+    assert [r["mechanism"] for r in released] == [r["mechanism"] for r in planned]
+
+
+# -------------------------------------------------------------------- refusing raw reports
+
+
+class LeakyFedAvg(FedAvg):
+    """A broken algorithm: sends the raw update (and its loss) whatever the mode."""
+
+    name = "leaky"
+
+    def client_step(self, task, ctx):
+        x, y = ctx.train_data()
+        res = ctx.trainer.train(ctx.models[0], x, y, task.train, ctx.generator("train"))
+        return ClientReport(task.client_id, res.update, res.num_samples, 0, res.train_loss)
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [("privacy.mode=distributed", "privacy.noise_cohort_size=6"), ("privacy.mode=dprivacy",)],
+)
+def test_an_unsanitized_report_is_refused_naming_algorithm_and_field(mode):
+    cfg = load_config(None, TINY + ["algorithm.name=fedavg", *mode])
+    prep = prepare(cfg, LeakyFedAvg, Environment)
+    loop = inline_loop(prep)
+    with pytest.raises(TrustBoundaryError, match="algorithm 'leaky': report field 'update'"):
+        loop.step()
+    # the honest algorithm passes the same boundary
+    inline_loop(prep_for("algorithm.name=fedavg", *mode)).step()
+
+
+def test_dprivacy_sends_sanitized_vectors_with_exact_leakage():
+    prep = prep_for("algorithm.name=ifca", "privacy.mode=dprivacy", "privacy.nu=5")
+    res = run_inline(prep)
+    dim = prep.env.init_weights.numel()
+    rows = res["metric_ledger_rows"]
+    assert rows and all(r["leakage"] == pytest.approx(dim / 5) for r in rows)
+    per_client = np.bincount([r["client"] for r in rows], minlength=12)
+    assert res["client_leakage"] == pytest.approx(list(per_client * dim / 5))
+    assert res["ledger_rows"] == []  # metric DP is not a dp_accounting event
+
+
+def test_leakage_cap_makes_a_client_skip_the_round():
+    dim_leak = 650 / 5  # linear on digits: 64 * 10 + 10 parameters, nu = 5
+    prep = prep_for(
+        "algorithm.name=fedavg",
+        "privacy.mode=dprivacy",
+        "privacy.nu=5",
+        f"privacy.leakage_cap={1.5 * dim_leak}",
+    )
+    res = run_inline(prep)
+    assert max(res["client_leakage"]) <= 1.5 * dim_leak
+    assert res["history"][1]["skipped_over_cap"] == 12 and res["history"][1]["participants"] == 0
+
+
+# --------------------------------------------------------------------------- secure sums
+
+
+def contributions(vectors: list[np.ndarray], slots: list[int]) -> list[SecureContribution]:
+    return [
+        SecureContribution(s, torch.tensor(v, dtype=torch.float32))
+        for v, s in zip(vectors, slots, strict=True)
+    ]
+
+
+def test_server_output_depends_only_on_the_slot_sums():
+    """Under distributed DP the server step cannot see individual updates: changing them while
+    keeping every slot's sum leaves its output bit-identical (dyadic values: exact sums)."""
+    prep = prep_for(
+        "algorithm.name=ifca",
+        "privacy.mode=distributed",
+        "privacy.noise_cohort_size=6",
+        "privacy.clip=100",
+    )
+    algo = prep.algorithm
+    state = algo.init_state(np.random.default_rng(0))
+    plan = RoundPlan([], state.models, round=1)
+    dim = state.models[0].numel()
+    g = np.random.default_rng(1)
+    a = [np.round(g.normal(size=dim) * 8) / 64 for _ in range(4)]
+    shift = np.round(g.normal(size=dim) * 8) / 64
+    b = [a[0] + shift, a[1] - shift, a[2] - shift, a[3] + shift]  # same sum in each slot
+    outs = []
+    for vectors in (a, b):
+        reports = [ClientReport(c) for c in range(4)]
+        for r, con in zip(reports, contributions(vectors, [0, 0, 1, 1]), strict=True):
+            r.contribution = con
+        view = algo.privacy.admit(algo.name, plan, reports, np.random.default_rng(7))
+        assert isinstance(view, SecureSums)
+        outs.append(algo.server_step(state, plan, view, np.random.default_rng(3)).state.models)
+    assert all(torch.equal(x, y) for x, y in zip(*outs, strict=True))
+    assert any(not np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_client_noise_shares_and_a_server_draw_have_the_same_std():
+    dim, std, cohort = 100_000, 0.7, 50
+    agg = SecureAggregator(1, dim, clip=1.0, std=std)
+    zero = [SecureContribution(0, torch.zeros(dim)) for _ in range(cohort)]
+    server = agg.aggregate(zero, np.random.default_rng(0))
+    shares = [
+        SecureContribution(
+            0,
+            torch.zeros(dim),
+            client_noise_share(1, dim, std, cohort, torch.Generator().manual_seed(c)),
+        )
+        for c in range(cohort)
+    ]
+    clients = agg.aggregate(shares, None)
+    for sums in (server, clients):
+        assert float(sums.sums[0].double().std()) == pytest.approx(std, rel=0.02)
+        # the count: cohort members, noised at std / (COUNT_WEIGHT * clip)
+        assert abs(sums.counts[0] - cohort) < 6 * std / COUNT_WEIGHT
+
+
+def test_distributed_calibration_and_noise_cohort_scaling():
+    """z from dp_accounting for q = noise_cohort / population (the PINA issue's numbers), and the
+    real cohort's noise std scaled by m / noise_cohort."""
+    sets = [
+        "algorithm.name=fedavg",
+        "privacy.mode=distributed",
+        "data.num_clients=12",
+        "privacy.population=1000000",
+        "privacy.noise_cohort_size=10000",
+        "privacy.epsilon=2",
+        "rounds=100",
+        "privacy.clip=1",
+        "training.sampling_rate=0.5",
+    ]
+    prep = prep_for(*sets)
+    mode = prep.algorithm.privacy
+    assert prep.cfg.privacy.delta == pytest.approx(1e6**-1.1)
+    assert mode.plan.noise == pytest.approx(0.933, rel=5e-3)
+    assert mode.std == pytest.approx(
+        mode.plan.noise * math.sqrt(1 + COUNT_WEIGHT**2) * 6 / 10000, rel=1e-12
+    )
+    assert "noise-cohort" in mode.summary()["caveat"]
+
+
+# ----------------------------------------------------------------- one loop: inline and Ray
+
+
+def _files(run: Path) -> dict:
+    out = {}
+    for name in ("metrics", "clients", "privacy"):
+        table = pq.read_table(run / f"{name}.parquet").to_pydict()
+        table.pop("round_seconds", None)
+        out[name] = table
+    summary = json.loads((run / "summary.json").read_text())
+    for volatile in ("wall_seconds", "workers", "gpus_per_worker"):
+        summary.pop(volatile)
+    summary["final"].pop("round_seconds")
+    out["summary"] = summary
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["ifca", "rdpcfl"])
+def test_inline_and_ray_write_identical_results(ray_session, tmp_path, algorithm):
+    sets = small_config(**{"algorithm.name": algorithm, "runtime.round_timeout_s": RAY_TIMEOUT_S})
+    cfg = for_algorithm(load_config(None, sets + ["algorithm.num_clusters=2"]))
+    prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+    run_prepared(prep, tmp_path / "ray")
+    write_results(tmp_path / "inline", prep, run_inline(prep))
+    assert _files(tmp_path / "ray") == _files(tmp_path / "inline")
