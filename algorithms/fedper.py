@@ -14,7 +14,7 @@ import torch
 from algorithms.base import Environment
 from algorithms.clustered import _SHAPES
 from algorithms.fedavg import FedAvg, GlobalState
-from raysim.models import build_model
+from raysim.models import build_from_spec, model_spec
 from raysim.protocol import ClientContext, ClientReport, ClientTask, EvalReport, RoundPlan
 
 
@@ -25,8 +25,8 @@ def head_size(env: Environment) -> int:
         shape, classes = (cfg.data.dim,), 0
     else:
         shape, classes = _SHAPES[cfg.data.dataset]
-    kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
-    params = list(build_model(cfg.model.name, shape, classes, seed=0, **kwargs).parameters())
+    model = build_from_spec(model_spec(cfg), shape, classes, seed=0)
+    params = [p for p in model.parameters() if p.requires_grad]
     return sum(p.numel() for p in params[-2:])
 
 

@@ -63,17 +63,15 @@ def _rounds(prep: Any, on_round: Callable[[dict], None] | None, dev: str, t0: fl
     import torch
 
     from raysim.metrics.evaluation import round_metrics
-    from raysim.models import build_model
+    from raysim.models import build_from_spec, init_seed, model_spec
     from raysim.privacy import PrivacyLedger
     from raysim.protocol import ClientContext
     from raysim.seeding import SERVER, numpy_rng
     from raysim.training import LocalTrainer
 
     cfg, algo, ds = prep.cfg, prep.algorithm, prep.dataset
-    kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
-    trainer = LocalTrainer(
-        build_model(cfg.model.name, ds.feature_shape, ds.num_classes, **kwargs), ds.task, dev
-    )
+    model = build_from_spec(model_spec(cfg), ds.feature_shape, ds.num_classes, init_seed(cfg.seed))
+    trainer = LocalTrainer(model, ds.task, dev)
     client_algo = copy.deepcopy(algo)  # workers hold their own copy, as under Ray
     truth = np.asarray(prep.env.true_clusters)
     p = cfg.privacy

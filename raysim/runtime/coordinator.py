@@ -16,6 +16,7 @@ import ray
 
 from raysim.config import ExperimentConfig
 from raysim.metrics.evaluation import round_metrics
+from raysim.models.spec import model_spec
 from raysim.privacy import PrivacyLedger
 from raysim.protocol import EvalReport, RoundPlan
 from raysim.runtime.pool import WorkerPool, balance_shards
@@ -74,14 +75,13 @@ class Coordinator:
             max_restarts=-1,
             **worker_placement(),
         )
-        model_kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
+        spec = model_spec(cfg)
 
         def make_worker(i: int) -> Any:
             return actor.remote(
                 algorithm,
                 dataset_box[0],
-                cfg.model.name,
-                model_kwargs,
+                spec,
                 cfg.seed,
                 rt.threads_per_worker,
                 num_gpus_per_worker,
