@@ -25,6 +25,7 @@ from raysim.privacy.calibration import (
     calibrate_noise,
     check_sample_level_delta,
 )
+from raysim.privacy.distributed import NoiseCohort, cohort_caveat, noise_share, server_noise
 from raysim.privacy.errors import BudgetError, PrivacyConfigError
 from raysim.privacy.ledger import PrivacyLedger
 from raysim.privacy.mechanisms import (
@@ -43,6 +44,7 @@ __all__ = [
     "BoundedRangeDpEvent",
     "BudgetError",
     "CentralNoise",
+    "NoiseCohort",
     "Phase",
     "PrivacyConfigError",
     "PrivacyLedger",
@@ -53,6 +55,7 @@ __all__ = [
     "central_round_event",
     "check_sample_level_delta",
     "clip_l2",
+    "cohort_caveat",
     "d_privacy_epsilon",
     "d_privacy_leakage",
     "delta_for",
@@ -63,9 +66,11 @@ __all__ = [
     "laplace_euclidean",
     "make_accountant",
     "neighboring_relation",
+    "noise_share",
     "onehot_noise_multiplier",
     "private_sketch",
     "privatize_onehot",
     "rdpcfl_phases",
     "selection_event",
+    "server_noise",
 ]
