@@ -29,6 +29,7 @@ from raysim.privacy.distributed import NoiseCohort, cohort_caveat, noise_share, 
 from raysim.privacy.errors import BudgetError, PrivacyConfigError
 from raysim.privacy.ledger import PrivacyLedger
 from raysim.privacy.mechanisms import (
+    SKETCH_DIM,
     clip_l2,
     d_privacy_epsilon,
     exponential_select,
@@ -40,6 +41,7 @@ from raysim.privacy.mechanisms import (
 )
 
 __all__ = [
+    "SKETCH_DIM",
     "AccountantKind",
     "BoundedRangeDpEvent",
     "BudgetError",
