@@ -121,3 +121,21 @@ def test_the_public_slice_never_reaches_a_client():
     plain = build_federated_dataset(DataConfig(dataset="digits", num_clients=10), seed=0)
     plain_used = np.concatenate([plain.client_source_index(i) for i in range(10)])
     assert np.isin(plain_used, public).sum() > 200
+
+
+def test_a_worker_builds_the_drivers_model():
+    from raysim.runtime.worker import ClientWorker
+
+    sets = ["data.dataset=digits", "data.num_clients=4", "model.name=vit_lora", "model.base=random"]
+    cfg = load_config(None, [*sets, "model.patch=4", "model.train_head=true"])
+    ds = build_dataset(cfg)
+    threads = torch.get_num_threads()
+    try:
+        worker = ClientWorker(None, ds, model_spec(cfg), cfg.seed, 1, 0.0)
+    finally:
+        torch.set_num_threads(threads)
+    model = worker.trainer.model
+    assert torch.equal(flat_params(model), initial_weights(cfg, ds))  # seeded like the init
+    other = build_from_spec(model_spec(cfg), ds.feature_shape, ds.num_classes, seed=99)
+    fa, fb = frozen_state(model), frozen_state(other)
+    assert fa.keys() == fb.keys() and all(torch.equal(fa[k], fb[k]) for k in fa)
