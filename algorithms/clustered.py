@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from algorithms.base import Environment, FederatedAlgorithm
 from raysim.aggregation import weighted_mean
 from raysim.clustering import cluster_sizes
-from raysim.models import build_model, flat_params, load_flat_
+from raysim.models import build_from_spec, flat_params, load_flat_, model_spec
 from raysim.modes import PrivacyNeeds
 from raysim.protocol import (
     ClientContext,
@@ -110,10 +110,9 @@ def random_models(env: Environment, count: int, seed: int) -> list[torch.Tensor]
     """``count`` independently initialised models (IFCA's random cluster initialisation)."""
     cfg = env.cfg
     shape, classes = env.feature_shape, env.num_classes
-    kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
     out = []
     for m in range(count):
-        model = build_model(cfg.model.name, shape, classes, seed=seed * 1000 + m, **kwargs)
+        model = build_from_spec(model_spec(cfg), shape, classes, seed=seed * 1000 + m)
         w = flat_params(model)
         if w.numel() != env.init_weights.numel():
             raise ValueError("random_models: the built model does not match init_weights")

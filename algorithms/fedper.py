@@ -13,7 +13,7 @@ import torch
 
 from algorithms.base import Environment
 from algorithms.fedavg import FedAvg, GlobalState
-from raysim.models import build_model
+from raysim.models import build_from_spec, model_spec
 from raysim.privacy import postprocess
 from raysim.protocol import ClientContext, ClientReport, ClientTask, EvalReport, RoundPlan
 
@@ -22,8 +22,8 @@ def head_size(env: Environment) -> int:
     """Parameters of the last layer (weight and bias: the last two in flattening order)."""
     cfg = env.cfg
     shape, classes = env.feature_shape, env.num_classes
-    kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
-    params = list(build_model(cfg.model.name, shape, classes, seed=0, **kwargs).parameters())
+    model = build_from_spec(model_spec(cfg), shape, classes, seed=0)
+    params = [p for p in model.parameters() if p.requires_grad]
     return sum(p.numel() for p in params[-2:])
 
 

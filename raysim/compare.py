@@ -47,16 +47,16 @@ def inline_loop(prep: Any, device: str | None = None) -> Any:
     clients run on one in-process ``ClientWorker``, as they would on a worker actor."""
     import torch
 
+    from raysim.models import model_spec
     from raysim.rounds import RoundLoop
-    from raysim.runtime.worker import ClientWorker, model_kwargs
+    from raysim.runtime.worker import ClientWorker
 
     cfg = prep.cfg
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     worker = ClientWorker(  # a copy of the algorithm, as a worker actor holds
         copy.deepcopy(prep.algorithm),
         prep.dataset,
-        cfg.model.name,
-        model_kwargs(cfg),
+        model_spec(cfg),
         cfg.seed,
         cfg.runtime.threads_per_worker,
         1.0 if dev.startswith("cuda") else 0.0,

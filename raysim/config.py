@@ -35,6 +35,9 @@ class DataConfig(_Section):
     samples_per_client: int | None = Field(None, gt=0)
     train_fraction: float = Field(0.8, gt=0, lt=1)
     root: str | None = None
+    # The last N images of the training file, kept out of the federated partition: the public,
+    # unrotated slice a frozen base (LoRA models) is pretrained on (raysim.data.public).
+    public_pretrain_samples: int = Field(0, ge=0)
     # synthetic_linear only
     dim: int = Field(10, gt=0)
     noise_std: float = Field(0.1, ge=0)
@@ -85,9 +88,34 @@ class DataConfig(_Section):
         return len(sizes) if sizes else 1
 
 
-class ModelConfig(_Section):
+class ModelConfig(BaseModel):
+    """`name` plus the model's own keyword arguments (``hidden`` for mlp, ``rank`` for the LoRA
+    models...), checked against the builder's signature (raysim.models.spec)."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
     name: str = "cnn"
-    hidden: int = Field(64, gt=0)  # mlp width
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_hidden(cls, data: Any) -> Any:
+        # Configs written before models took arbitrary keys dump `hidden: 64` (the old default)
+        # for every model; drop it where the model has no such key so old runs still resume.
+        if isinstance(data, dict) and data.get("hidden") == 64:
+            from raysim.models.spec import model_keys
+
+            try:
+                if "hidden" not in model_keys(str(data.get("name", "cnn"))):
+                    data = {k: v for k, v in data.items() if k != "hidden"}
+            except ValueError:
+                pass  # unknown name: reported by the check below
+        return data
+
+    @model_validator(mode="after")
+    def _known_keys(self) -> ModelConfig:
+        from raysim.models.spec import check_model_kwargs
+
+        check_model_kwargs(self.name, self.model_extra or {})
+        return self
 
 
 class AlgorithmConfig(BaseModel):
@@ -228,6 +256,9 @@ def format_validation_error(exc: ValidationError) -> str:
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or "config"
         msg = err["msg"].removeprefix("Value error, ")
+        if msg.startswith(f"{field}."):  # the message names the exact key (model.<key>)
+            lines.append(msg)
+            continue
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
         elif err["type"] == "literal_error":

@@ -17,9 +17,8 @@ import torch
 
 from raysim.config import ConfigError, ExperimentConfig
 from raysim.data import FederatedDataset, build_federated_dataset
-from raysim.models import MODELS, build_model, flat_params
+from raysim.models import MODELS, build_from_spec, flat_params, init_seed, model_spec
 from raysim.privacy import BudgetError, PrivacyConfigError, check_sample_level_delta
-from raysim.seeding import SERVER, torch_generator
 
 
 @dataclass
@@ -37,11 +36,11 @@ class Prepared:
 
 def initial_weights(cfg: ExperimentConfig, ds: FederatedDataset) -> torch.Tensor:
     """Model initialisation drawn from the (seed, 0, server, "model_init") generator."""
-    seed = int(torch_generator(cfg.seed, 0, SERVER, "model_init").initial_seed())
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
-        model = build_model(cfg.model.name, ds.feature_shape, ds.num_classes, **kwargs)
+    try:
+        spec = model_spec(cfg)
+        model = build_from_spec(spec, ds.feature_shape, ds.num_classes, init_seed(cfg.seed))
+    except ValueError as exc:  # a bad model.* value (the builders name the key)
+        raise ConfigError(str(exc)) from None
     return flat_params(model)
 
 

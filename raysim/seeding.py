@@ -32,3 +32,12 @@ def torch_generator(seed: int, round: int, client: int, purpose: str) -> torch.G
     gen = torch.Generator()
     gen.manual_seed(int(state) & 0x7FFF_FFFF_FFFF_FFFF)
     return gen
+
+
+def public_seed(seed: int, round: int, purpose: str) -> int:
+    """A seed every client of a round shares (e.g. PINA's sketch projection, "sketch_projection").
+
+    Drawn from the server's stream of the round, so it depends on no client; it is public and
+    so costs no privacy.
+    """
+    return int(seed_sequence(seed, round, SERVER, purpose).generate_state(1, dtype=np.uint64)[0])

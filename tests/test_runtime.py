@@ -72,6 +72,7 @@ def test_fractional_gpus_four_placed_fifth_waits():
         """
         import os, ray
         os.environ["RAY_AUTH_MODE"] = "disabled"
+        from raysim.models import ModelSpec
         from raysim.runtime.worker import ClientWorker
         from raysim.data import build_federated_dataset
         from raysim.config import load_config
@@ -81,7 +82,8 @@ def test_fractional_gpus_four_placed_fifth_waits():
         cfg = load_config(None, ["data.num_clients=4", "data.cluster_sizes=null"])
         ds = ray.put(build_federated_dataset(cfg.data, 0))
         actor = ray.remote(ClientWorker).options(num_cpus=0.1, num_gpus=0.25)
-        workers = [actor.remote(None, ds, "cnn", {}, 0, 1, 0.25) for _ in range(5)]
+        spec = ModelSpec("cnn")
+        workers = [actor.remote(None, ds, spec, 0, 1, 0.25) for _ in range(5)]
         refs = [w.info.remote() for w in workers]
         ready, pending = ray.wait(refs, num_returns=4, timeout=120)
         more, pending = ray.wait(pending, num_returns=1, timeout=5)  # the fifth must not start

@@ -31,6 +31,7 @@ from raysim.data.partition import (
     cluster_assignment,
     split_train_test,
 )
+from raysim.data.public import private_pool
 from raysim.data.seeding import rng_for
 from raysim.data.sources import BaseData, load_base
 from raysim.data.synthetic import make_synthetic_linear
@@ -180,17 +181,24 @@ def make_table(x: np.ndarray, y: np.ndarray, source_index: np.ndarray) -> pa.Tab
 
 
 def _allocate(cfg: DataConfig, base: BaseData, seed: int) -> np.ndarray:
+    if cfg.public_pretrain_samples:  # the public slice never reaches a client
+        pool = private_pool(base, cfg.public_pretrain_samples)
+        return pool[_allocate_rows(cfg, base.y[pool], base.num_classes, seed)]
+    return _allocate_rows(cfg, base.y, base.num_classes, seed)
+
+
+def _allocate_rows(cfg: DataConfig, y: np.ndarray, num_classes: int, seed: int) -> np.ndarray:
     if cfg.dirichlet_alpha is None:
         return allocate_iid(
-            len(base), cfg.num_clients, cfg.samples_per_client, rng_for(seed, "allocate")
+            len(y), cfg.num_clients, cfg.samples_per_client, rng_for(seed, "allocate")
         )
     return allocate_dirichlet(
-        base.y,
+        y,
         cfg.num_clients,
         cfg.samples_per_client,
         cfg.dirichlet_alpha,
         rng_for(seed, "dirichlet"),
-        num_classes=base.num_classes,
+        num_classes=num_classes,
     )
 
 
@@ -205,6 +213,8 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
     clusters = cluster_assignment(cfg.num_clients, cfg.cluster_sizes, cfg.cluster_ratios)
     meta: dict[str, Any] = {"seed": int(seed), "shift": cfg.shift}
     if cfg.dataset == "synthetic_linear":
+        if cfg.public_pretrain_samples:
+            raise ValueError("data.public_pretrain_samples: synthetic_linear has no public slice")
         if cfg.dirichlet_alpha is not None:
             raise ValueError(
                 "data.dirichlet_alpha: label skew needs class labels; synthetic_linear is "
@@ -220,6 +230,8 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
         allocation = _allocate(cfg, base, seed)
         if cfg.dirichlet_alpha is not None:
             meta["dirichlet_alpha"] = cfg.dirichlet_alpha
+        if cfg.public_pretrain_samples:
+            meta["public_pretrain_samples"] = cfg.public_pretrain_samples
     rows, offsets, num_train = split_train_test(
         list(allocation), cfg.train_fraction, rng_for(seed, "split")
     )

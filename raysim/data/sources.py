@@ -36,6 +36,9 @@ class BaseData:
     y: np.ndarray  # int64 labels, or float32 targets
     num_classes: int  # 0 for regression
     task: Task
+    # Rows [0, train_file_size) came from the dataset's training file (None: the whole pool).
+    # The public pretraining slice is taken from its end (raysim.data.public).
+    train_file_size: int | None = None
 
     def __len__(self) -> int:
         return len(self.y)
@@ -232,7 +235,7 @@ def load_idx_dataset(name: str, root: str | None) -> BaseData:
             raise ValueError(f"{name}: {p} images {im.shape} do not match labels {lb.shape}")
     x = (np.concatenate(images).astype(np.float32) / 255.0)[:, None]
     y = np.concatenate(labels).astype(np.int64)
-    return BaseData(normalize(name, x), y, 10, "classification")
+    return BaseData(normalize(name, x), y, 10, "classification", len(labels[0]))
 
 
 # ----------------------------------------------------------------------------------- CIFAR-10
@@ -270,4 +273,5 @@ def load_cifar10(root: str | None) -> BaseData:
         xs.append(data.reshape(-1, 3, 32, 32))
         ys.append(np.asarray(batch[b"labels"], dtype=np.int64))
     x = np.concatenate(xs).astype(np.float32) / 255.0
-    return BaseData(normalize("cifar10", x), np.concatenate(ys), 10, "classification")
+    train = sum(len(v) for v in ys[:-1])  # data_batch_1..5; test_batch is last
+    return BaseData(normalize("cifar10", x), np.concatenate(ys), 10, "classification", train)

@@ -1,28 +1,53 @@
-"""Model zoo: every model is Opacus-compatible (no BatchNorm) and built by name.
+"""Model zoo: every model is Opacus-compatible (no BatchNorm) and built by name from a spec.
 
-``build_model`` takes an optional ``seed`` so the engine can create the same initial weights
-on any worker without touching the global RNG.
+Build models with :func:`build_from_spec` (``raysim.models.spec``): one place for keyword
+arguments, seeding and the frozen part. ``build_model(name, ...)`` is the same for a name and
+keyword arguments given inline (tests, scripts).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from torch import nn
 
 from raysim.models.cnn import CNN
+from raysim.models.lora import LoRAConv2d, LoRALinear, apply_lora, merge_lora
+from raysim.models.lora_zoo import cnn_lora, vit_lora
 from raysim.models.mlp import MLP, Linear
-from raysim.models.params import flat_params, load_flat_, num_params
+from raysim.models.params import (
+    ParamSlot,
+    flat_params,
+    frozen_state,
+    load_flat_,
+    named_view,
+    num_params,
+    param_layout,
+)
 from raysim.models.resnet import ResNet18GN
+from raysim.models.spec import (
+    ModelSpec,
+    PublicSlice,
+    build_from_spec,
+    check_model_kwargs,
+    init_seed,
+    model_keys,
+    model_spec,
+)
+from raysim.models.vit import ViT
 
-_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+# name -> builder(input_shape, num_classes, **kwargs). Adding a model: one line here; its
+# keyword arguments become the keys allowed under `model:` in the config.
+BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "cnn": CNN,
     "mlp": MLP,
     "linear": Linear,
     "resnet18": ResNet18GN,
+    "vit": ViT,
+    "cnn_lora": cnn_lora,
+    "vit_lora": vit_lora,
 }
-MODELS: tuple[str, ...] = tuple(_BUILDERS)
+MODELS: tuple[str, ...] = tuple(BUILDERS)
 
 
 def build_model(
@@ -32,30 +57,37 @@ def build_model(
     seed: int | None = None,
     **kwargs,
 ) -> nn.Module:
-    """Build model ``name`` for inputs of shape ``input_shape`` (no batch dim, channels first).
-
-    ``num_classes=0`` means regression: one output. ``kwargs`` go to the model (``hidden`` for
-    mlp, ``groups``/``stem`` for resnet18). With ``seed`` the initial weights are a function
-    of the seed alone (the global RNG is saved and restored).
-    """
-    if name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}; allowed: {', '.join(MODELS)}")
-    shape = tuple(int(d) for d in input_shape)
-    if seed is None:
-        return _BUILDERS[name](shape, num_classes, **kwargs)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return _BUILDERS[name](shape, num_classes, **kwargs)
+    """``build_from_spec(ModelSpec(name, kwargs), ...)``: see there."""
+    return build_from_spec(ModelSpec(name, kwargs), input_shape, num_classes, seed)
 
 
 __all__ = [
+    "BUILDERS",
     "MODELS",
     "CNN",
     "MLP",
     "Linear",
+    "LoRAConv2d",
+    "LoRALinear",
+    "ModelSpec",
+    "ParamSlot",
+    "PublicSlice",
     "ResNet18GN",
+    "ViT",
+    "apply_lora",
+    "build_from_spec",
     "build_model",
+    "check_model_kwargs",
+    "cnn_lora",
     "flat_params",
+    "frozen_state",
+    "init_seed",
     "load_flat_",
+    "merge_lora",
+    "model_keys",
+    "model_spec",
+    "named_view",
     "num_params",
+    "param_layout",
+    "vit_lora",
 ]

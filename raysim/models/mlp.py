@@ -17,6 +17,8 @@ class MLP(nn.Module):
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: int = 64):
         super().__init__()
+        if hidden < 1:
+            raise ValueError(f"model.hidden must be >= 1, got {hidden}")
         self.fc1 = nn.Linear(_in_features(input_shape), hidden)
         self.relu = nn.ReLU()
         self.fc2 = nn.Linear(hidden, max(num_classes, 1))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -42,3 +45,52 @@ def load_flat_(model: nn.Module, vec: torch.Tensor) -> nn.Module:
             p.copy_(vec[off : off + p.numel()].view_as(p))
             off += p.numel()
     return model
+
+
+@dataclass(frozen=True)
+class ParamSlot:
+    """Where one named trainable parameter lives in the flat vector."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def stop(self) -> int:
+        return self.offset + self.numel
+
+
+def param_layout(model: nn.Module) -> list[ParamSlot]:
+    """The named view of ``flat_params``: one slot per trainable parameter, in flat order.
+
+    Algorithms that treat parts of the model differently (FedPer's head, a LoRA adapter) find
+    their coordinates here by name instead of by counting from the end.
+    """
+    out, off = [], 0
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            out.append(ParamSlot(name, tuple(p.shape), off))
+            off += p.numel()
+    return out
+
+
+def named_view(model: nn.Module, vec: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``{name: view of vec shaped like the parameter}`` for a flat trainable vector."""
+    vec = vec.reshape(-1)
+    layout = param_layout(model)
+    n = layout[-1].stop if layout else 0
+    if vec.numel() != n:
+        raise ValueError(f"weight vector has {vec.numel()} elements, model has {n}")
+    return {s.name: vec[s.offset : s.stop].view(s.shape) for s in layout}
+
+
+def frozen_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the frozen parameters and the buffers: what a worker holds besides the flat
+    vector, and so what must be identical on every worker."""
+    out = {k: p.detach().clone() for k, p in model.named_parameters() if not p.requires_grad}
+    out.update({f"buffer:{k}": b.detach().clone() for k, b in model.named_buffers()})
+    return out

@@ -25,9 +25,11 @@ from raysim.privacy.calibration import (
     calibrate_noise,
     check_sample_level_delta,
 )
+from raysim.privacy.distributed import NoiseCohort, cohort_caveat, noise_share, server_noise
 from raysim.privacy.errors import BudgetError, PrivacyConfigError
 from raysim.privacy.ledger import PrivacyLedger
 from raysim.privacy.mechanisms import (
+    SKETCH_DIM,
     clip_l2,
     d_privacy_epsilon,
     exponential_select,
@@ -40,10 +42,12 @@ from raysim.privacy.mechanisms import (
 from raysim.privacy.release import MetricLeakage, Released, postprocess
 
 __all__ = [
+    "SKETCH_DIM",
     "AccountantKind",
     "BoundedRangeDpEvent",
     "BudgetError",
     "CentralNoise",
+    "NoiseCohort",
     "Phase",
     "PrivacyConfigError",
     "PrivacyLedger",
@@ -56,6 +60,7 @@ __all__ = [
     "central_round_event",
     "check_sample_level_delta",
     "clip_l2",
+    "cohort_caveat",
     "d_privacy_epsilon",
     "d_privacy_leakage",
     "delta_for",
@@ -66,10 +71,12 @@ __all__ = [
     "laplace_euclidean",
     "make_accountant",
     "neighboring_relation",
+    "noise_share",
     "onehot_noise_multiplier",
     "private_sketch",
     "privatize_onehot",
     "postprocess",
     "rdpcfl_phases",
     "selection_event",
+    "server_noise",
 ]

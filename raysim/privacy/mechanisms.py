@@ -21,9 +21,13 @@ __all__ = [
     "gaussian_mechanism",
     "laplace_euclidean",
     "onehot_noise_multiplier",
+    "SKETCH_DIM",
     "private_sketch",
     "privatize_onehot",
 ]
+
+# PINA stage 1: the default sketch dimension k (configurable per call).
+SKETCH_DIM = 64
 
 # Input coordinates of the random projection generated at a time: bounds memory for large models
 # (k * chunk floats); the projection depends only on the seed, not on this value.
@@ -189,7 +193,9 @@ def private_sketch(
     The projection is a Johnson-Lindenstrauss map shared by all clients through
     ``projection_seed`` (it is public, so it costs no privacy); clipping after projecting bounds
     the sketch's sensitivity by ``clip`` whatever the projection did to the norm, and the noise is
-    ``N(0, (clip * z)^2)`` per coordinate. 2-D input: one sketch per row.
+    ``N(0, (clip * z)^2)`` per coordinate. 2-D input: one sketch per row. PINA's stage 1 uses
+    ``k = SKETCH_DIM`` and ``projection_seed = raysim.seeding.public_seed(seed, round,
+    "sketch_projection")``, the same for every client of the round.
     """
     if k < 1:
         raise PrivacyConfigError(f"k must be >= 1, got {k}")

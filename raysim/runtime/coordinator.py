@@ -13,9 +13,10 @@ import numpy as np
 import ray
 
 from raysim.config import ExperimentConfig
+from raysim.models.spec import model_spec
 from raysim.rounds import RoundLoop
 from raysim.runtime.pool import WorkerPool, balance_shards
-from raysim.runtime.worker import ClientWorker, model_kwargs
+from raysim.runtime.worker import ClientWorker
 
 
 def worker_placement() -> dict[str, Any]:
@@ -49,13 +50,13 @@ class Coordinator:
             max_restarts=-1,
             **worker_placement(),
         )
+        spec = model_spec(cfg)
 
         def make_worker(i: int) -> Any:
             return actor.remote(
                 algorithm,
                 dataset_box[0],
-                cfg.model.name,
-                model_kwargs(cfg),
+                spec,
                 cfg.seed,
                 rt.threads_per_worker,
                 num_gpus_per_worker,

@@ -13,13 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.models import build_model
+from raysim.models import ModelSpec, build_from_spec, init_seed
 from raysim.protocol import ClientContext, ClientTask
 from raysim.training import LocalTrainer
-
-
-def model_kwargs(cfg: Any) -> dict[str, Any]:
-    return {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
 
 
 def pick_device(num_gpus: float) -> torch.device:
@@ -34,8 +30,7 @@ class ClientWorker:
         self,
         algorithm: Any,
         dataset: Any,
-        model_name: str,
-        model_kwargs: dict[str, Any],
+        model_spec: ModelSpec,
         seed: int,
         threads: int,
         num_gpus: float,
@@ -45,7 +40,8 @@ class ClientWorker:
         self.dataset = dataset  # passed as a top-level ObjectRef: Ray resolves it zero-copy
         ds = dataset
         self.device = pick_device(num_gpus)
-        model = build_model(model_name, ds.feature_shape, ds.num_classes, **model_kwargs)
+        # seeded like the run's initial weights; the frozen part is the same in every process
+        model = build_from_spec(model_spec, ds.feature_shape, ds.num_classes, init_seed(seed))
         self.trainer = LocalTrainer(model, ds.task, self.device)
         self.seed = seed
 

@@ -1,0 +1,115 @@
+"""Distributed DP with a simulated noise cohort (McMahan et al. 2018; FLAIR; pfl-research).
+
+A cross-device deployment samples a cohort of, say, 10,000 clients per round out of a population
+of millions, and the noise on the secure sum is calibrated to that cohort. Simulating 10,000
+clients per round is too slow, so the convention is to run a smaller real cohort ``m`` and give
+its sum the noise that makes the *mean* as noisy as the large cohort's mean would be:
+
+* account with sampling rate ``q = noise_cohort / population`` (Poisson-sampled Gaussian,
+  ``rounds`` compositions, RDP via dp_accounting: :func:`calibrate_central`);
+* add to the real cohort's sum of clipped updates (clip ``S``) Gaussian noise of per-coordinate
+  std ``z * S * m / noise_cohort`` (the cohort-scaled std), drawn either once by the server or
+  as per-client shares ``N(0, std^2 / m)`` from each client's own seeded stream, whose sum under
+  secure aggregation has exactly the same distribution.
+
+The epsilon reported holds for a run *with* ``noise_cohort`` clients per round, not for the
+simulated one (whose noise multiplier relative to its own sum is only ``z * m / noise_cohort``):
+every output must say so (:func:`cohort_caveat`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import dp_accounting as dpa
+import numpy as np
+
+from raysim.privacy.accounting import AccountantKind, central_event
+from raysim.privacy.calibration import calibrate_central
+from raysim.privacy.errors import PrivacyConfigError
+
+DEFAULT_NOISE_COHORT = 10_000
+SHARE_PURPOSE = "dp_noise_share"  # purpose of each client's noise-share stream (raysim.seeding)
+
+
+@dataclass(frozen=True)
+class NoiseCohort:
+    """The population the accounting assumes and the cohort size the noise is calibrated for."""
+
+    population: int
+    noise_cohort: int = DEFAULT_NOISE_COHORT
+
+    def __post_init__(self) -> None:
+        if self.noise_cohort < 1:
+            raise PrivacyConfigError(
+                f"privacy.noise_cohort_size must be >= 1, got {self.noise_cohort}"
+            )
+        if self.population < self.noise_cohort:
+            raise PrivacyConfigError(
+                f"privacy.population={self.population} must be >= privacy.noise_cohort_size="
+                f"{self.noise_cohort}"
+            )
+
+    @property
+    def sampling_rate(self) -> float:
+        return self.noise_cohort / self.population
+
+    @property
+    def default_delta(self) -> float:
+        """delta = population^-1.1 (the PINA paper's choice, after McMahan et al. 2018)."""
+        return float(self.population) ** -1.1
+
+    def event(self, rounds: int, noise_multiplier: float) -> dpa.DpEvent:
+        """``rounds`` Poisson-sampled Gaussian releases at rate ``q`` (one per round)."""
+        return central_event(rounds, self.sampling_rate, noise_multiplier)
+
+    def calibrate(
+        self,
+        rounds: int,
+        target_epsilon: float,
+        delta: float | None = None,
+        accountant: AccountantKind = "rdp",
+        rel_tol: float = 1e-3,
+    ) -> float:
+        """Smallest noise multiplier ``z`` meeting ``(target_epsilon, delta)`` over ``rounds``."""
+        d = self.default_delta if delta is None else delta
+        noise = calibrate_central(
+            rounds, self.sampling_rate, target_epsilon, d, accountant=accountant, rel_tol=rel_tol
+        )
+        return noise.model
+
+    def noise_std(self, noise_multiplier: float, clip: float, cohort: int) -> float:
+        """Per-coordinate std of the noise on the real cohort's sum: ``z * S * m / noise_cohort``.
+
+        ``m`` is the real cohort size (pfl-research scales by the configured cohort size)."""
+        if cohort < 1:
+            raise PrivacyConfigError(f"cohort must be >= 1, got {cohort}")
+        if not clip > 0 or not noise_multiplier >= 0:
+            raise PrivacyConfigError("need clip > 0 and noise_multiplier >= 0")
+        return noise_multiplier * clip * cohort / self.noise_cohort
+
+
+def server_noise(std: float, shape: int | tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """The whole noise drawn once (by a trusted noise source, or the server in simulation)."""
+    return rng.normal(0.0, std, size=shape)
+
+
+def noise_share(
+    std: float, cohort: int, shape: int | tuple[int, ...], rng: np.random.Generator
+) -> np.ndarray:
+    """One client's share ``N(0, std^2 / cohort)``: the shares of ``cohort`` clients sum to
+    ``N(0, std^2)`` under secure aggregation, so no single party knows the total noise. Pass
+    ``numpy_rng(seed, round, client, SHARE_PURPOSE)`` as ``rng``."""
+    if cohort < 1:
+        raise PrivacyConfigError(f"cohort must be >= 1, got {cohort}")
+    return rng.normal(0.0, std / math.sqrt(cohort), size=shape)
+
+
+def cohort_caveat(noise_cohort: int, cohort: int) -> str:
+    """The sentence every output of a noise-cohort run must carry."""
+    return (
+        f"privacy numbers assume {noise_cohort} clients per round (noise-cohort convention, "
+        f"McMahan et al. 2018); this simulation ran {cohort} per round with the noise scaled by "
+        f"{cohort}/{noise_cohort}, so the epsilon holds only for a run with the full cohort"
+    )

@@ -1,0 +1,71 @@
+"""Distributed DP under the noise-cohort convention: calibration (checked with an independent
+dp_accounting computation) and the two noise paths (server draw vs summed client shares)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
+from dp_accounting.rdp import RdpAccountant
+from scipy import stats
+
+from raysim.privacy import PrivacyConfigError
+from raysim.privacy.distributed import (
+    SHARE_PURPOSE,
+    NoiseCohort,
+    cohort_caveat,
+    noise_share,
+    server_noise,
+)
+from raysim.seeding import SERVER, numpy_rng
+
+COHORT = NoiseCohort(population=1_000_000, noise_cohort=10_000)  # q = 0.01
+DELTA = 2.51e-7
+
+
+def _independent_epsilon(z: float, rounds: int) -> float:
+    """Plain dp_accounting, none of raysim's accounting code."""
+    acc = RdpAccountant()
+    acc.compose(SelfComposedDpEvent(PoissonSampledDpEvent(0.01, GaussianDpEvent(z)), rounds))
+    return acc.get_epsilon(DELTA)
+
+
+@pytest.mark.parametrize(
+    "rounds, eps, expected", [(500, 2, 1.032), (500, 8, 0.620), (100, 2, 0.933), (100, 8, 0.551)]
+)
+def test_calibration_matches_the_pina_issue_and_dp_accounting(rounds, eps, expected):
+    assert COHORT.sampling_rate == 0.01
+    assert abs(COHORT.default_delta - DELTA) / DELTA < 1e-3  # population^-1.1
+    z = COHORT.calibrate(rounds, eps, DELTA, rel_tol=1e-4)
+    assert abs(z - expected) / expected < 0.005
+    # independently: z meets the budget, and 0.2% less noise would not
+    assert _independent_epsilon(z, rounds) <= eps
+    assert _independent_epsilon(z * 0.998, rounds) > eps
+    assert COHORT.calibrate(rounds, eps, rel_tol=1e-4) == pytest.approx(z, rel=1e-3)
+
+
+def test_server_noise_and_client_shares_have_the_cohort_scaled_std():
+    z, clip, m, d, seed, rnd = 1.032, 0.5, 50, 100_000, 3, 7
+    std = COHORT.noise_std(z, clip, m)
+    assert std == pytest.approx(z * clip * m / 10_000)
+    once = server_noise(std, d, numpy_rng(seed, rnd, SERVER, "dp_noise"))
+    summed = np.zeros(d)
+    for client in range(m):  # each client draws its share from its own seeded stream
+        summed += noise_share(std, m, d, numpy_rng(seed, rnd, client, SHARE_PURPOSE))
+    for noise in (once, summed):
+        assert abs(noise.std() / std - 1) < 0.02
+        assert abs(noise.mean()) < 5 * std / np.sqrt(d)
+        assert stats.kstest(noise / std, "norm").pvalue > 1e-3
+    again = noise_share(std, m, d, numpy_rng(seed, rnd, 0, SHARE_PURPOSE))
+    assert np.array_equal(again, noise_share(std, m, d, numpy_rng(seed, rnd, 0, SHARE_PURPOSE)))
+
+
+def test_bad_cohorts_and_the_caveat():
+    with pytest.raises(PrivacyConfigError, match="privacy.population"):
+        NoiseCohort(population=100, noise_cohort=10_000)
+    with pytest.raises(PrivacyConfigError, match="noise_cohort_size"):
+        NoiseCohort(population=100, noise_cohort=0)
+    with pytest.raises(PrivacyConfigError, match="cohort"):
+        COHORT.noise_std(1.0, 1.0, 0)
+    text = cohort_caveat(10_000, 50)
+    assert "10000 clients per round" in text and "50 per round" in text
