@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from algorithms.base import Algorithm, Environment
+from algorithms.dp_group import DPGroup
 from algorithms.fedavg import FedAvg
 from algorithms.fedper import FedPer
 from algorithms.fedprox import FedProx
@@ -17,7 +18,19 @@ from raysim.config import ConfigError
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
-    for cls in (FedAvg, Local, RDPCFL, IFCA, KMeansCFL, MRMTL, Oracle, RRCluster, FedProx, FedPer)
+    for cls in (
+        FedAvg,
+        Local,
+        RDPCFL,
+        IFCA,
+        KMeansCFL,
+        MRMTL,
+        Oracle,
+        RRCluster,
+        FedProx,
+        FedPer,
+        DPGroup,
+    )
 }
 
 

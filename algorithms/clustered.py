@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from algorithms.base import Environment, FederatedAlgorithm
 from raysim.aggregation import weighted_mean
 from raysim.clustering import cluster_sizes
-from raysim.models import build_from_spec, flat_params, load_flat_, model_spec
+from raysim.models import build_from_spec, flat_params, model_spec
 from raysim.modes import PrivacyNeeds
 from raysim.protocol import (
     ClientContext,
@@ -42,7 +42,6 @@ from raysim.protocol import (
     RoundPlan,
     SecureSums,
 )
-from raysim.training.losses import as_tensor, per_sample_loss, targets
 
 
 class SelectionParams(BaseModel):
@@ -67,31 +66,11 @@ class ClusterState:
 # -------------------------------------------------------------------- client-side selection
 
 
-@torch.no_grad()
 def model_scores(
     trainer: Any, models: list[torch.Tensor], x: np.ndarray, y: np.ndarray, loss_clip: float
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Mean clipped per-sample loss and accuracy of each model on (x, y), on the worker's
-    resident model (no copy of the data)."""
-    model, dev = trainer.model, trainer.device
-    xt = as_tensor(x).to(dev, torch.float32)
-    yt = targets(trainer.task, as_tensor(y).to(dev))
-    n = xt.shape[0]
-    losses, accs = np.zeros(len(models)), np.zeros(len(models))
-    model.eval()
-    for k, w in enumerate(models):
-        load_flat_(model, w)
-        total = torch.zeros((), dtype=torch.float64, device=dev)
-        correct = 0
-        for i in range(0, n, 1024):
-            out = model(xt[i : i + 1024])
-            loss = per_sample_loss(trainer.task, out, yt[i : i + 1024]).clamp(0, loss_clip)
-            total += loss.sum(dtype=torch.float64)
-            if trainer.task == "classification":
-                correct += int((out.argmax(1) == yt[i : i + 1024]).sum())
-        losses[k] = float(total) / n
-        accs[k] = correct / n
-    return losses, accs
+    """Mean clipped per-sample loss and accuracy of each model on (x, y) (the trainer's)."""
+    return trainer.scores(models, x, y, loss_clip)
 
 
 def selection_utility(

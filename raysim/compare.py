@@ -85,6 +85,8 @@ def run_inline(
             row = loop.step()
             if on_round:
                 on_round(row)
+            if row.get("early_stopped"):
+                break
     finally:
         torch.set_num_threads(threads)
     on_gpu = loop.device.startswith("cuda")

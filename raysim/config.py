@@ -162,6 +162,8 @@ class TrainingConfig(_Section):
     sampling_rate: float = Field(1.0, gt=0, le=1)  # client participation rate q
     sampling: Literal["poisson", "without_replacement"] = "poisson"
     eval_every: int = Field(1, gt=0)
+    # stop when the clients' mean test loss has not improved for this many evaluations
+    early_stop_patience: int | None = Field(None, gt=0)
 
 
 class RuntimeConfig(_Section):

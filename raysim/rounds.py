@@ -39,6 +39,8 @@ CHECKPOINT_FIELDS = (
     "metric_ledger",
     "history",
     "last_eval",
+    "best_loss",
+    "stale_evals",
     "algorithm",
 )
 
@@ -66,6 +68,7 @@ class RoundLoop:
         self.metric_ledger = MetricLedger(cap=p.leakage_cap if p.mode == "dprivacy" else None)
         self.history: list[dict[str, Any]] = []
         self.last_eval: list[EvalReport] = []
+        self.best_loss, self.stale_evals = float("inf"), 0
 
     @property
     def num_clients(self) -> int:
@@ -109,10 +112,21 @@ class RoundLoop:
             row.update(
                 round_metrics(self.last_eval, self.true_clusters, algo.assignments(self.state))
             )
+            if self._no_improvement(row["loss"]):
+                row["early_stopped"] = True
         row["epsilon"] = self.ledger.summary()["max_epsilon"]
         row["round_seconds"] = time.perf_counter() - start
         self.history.append(row)
         return row
+
+    def _no_improvement(self, loss: float) -> bool:
+        """``training.early_stop_patience`` evaluations without a lower mean test loss."""
+        patience = self.cfg.training.early_stop_patience
+        if loss < self.best_loss:
+            self.best_loss, self.stale_evals = loss, 0
+        else:
+            self.stale_evals += 1
+        return patience is not None and self.stale_evals >= patience
 
     def _skip_over_cap(self, plan: RoundPlan) -> int:
         """Under a leakage cap, a client whose next release would cross it sits the round out."""

@@ -75,7 +75,7 @@ def test_regression_and_losses():
     w1 = w0 + res.update
     ev = t.evaluate(w1, x, y)
     assert ev.accuracy is None and ev.n == 200 and ev.loss < 0.01
-    losses = t.losses([w0, w1], x, y)
+    losses, _ = t.scores([w0, w1], x, y)
     assert losses.shape == (2,) and losses[1] < losses[0]
     assert losses[0] == pytest.approx(t.evaluate(w0, x, y).loss, rel=1e-6)
 

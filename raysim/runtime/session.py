@@ -104,8 +104,8 @@ def run_session(
                 continue
             done += 1
             rows.append(row)
-            every = rt.checkpoint_every
-            if every and (done % every == 0 or done == cfg.rounds):
+            every, last = rt.checkpoint_every, done == cfg.rounds or row.get("early_stopped")
+            if every and (done % every == 0 or last):
                 blob = ray.get(coordinator.snapshot.remote(), timeout=timeout)
                 if out_dir is not None:
                     save_checkpoint(out_dir, blob)
@@ -113,6 +113,8 @@ def run_session(
                 write_partial_metrics(out_dir, rows)
             if on_round:
                 on_round(row)
+            if row.get("early_stopped"):
+                break
         results = ray.get(coordinator.results.remote(), timeout=timeout)
         ray.get(coordinator.shutdown.remote(), timeout=timeout)
         results["workers"] = workers

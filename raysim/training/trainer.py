@@ -177,27 +177,38 @@ class LocalTrainer:
         return EvalResult(loss, acc, n)
 
     @torch.no_grad()
-    def losses(
+    def scores(
         self,
         weights_list: Sequence[torch.Tensor],
         x: np.ndarray,
         y: np.ndarray,
+        loss_clip: float | None = None,
         batch_size: int = 1024,
-    ) -> np.ndarray:
-        """Mean loss of each model on (x, y), for loss-based cluster selection."""
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Mean (per-sample clipped to [0, loss_clip]) loss and accuracy of each model on (x, y):
+        what a client scores the cluster models by (no copy of the data)."""
         xt, yt = self._data(x, y)
-        out = np.empty(len(weights_list), dtype=np.float64)
+        losses = np.empty(len(weights_list), dtype=np.float64)
+        accs = np.zeros(len(weights_list), dtype=np.float64)
+        with_acc = self.task == "classification"
         for k, w in enumerate(weights_list):
             load_flat_(self.model, w)
-            out[k] = self._eval(xt, yt, batch_size, with_acc=False)[0]
-        return out
+            losses[k], correct = self._eval(xt, yt, batch_size, with_acc, loss_clip)
+            accs[k] = correct / xt.shape[0] if xt.shape[0] else float("nan")
+        return losses, accs
 
-    def _eval(self, xt, yt, batch_size: int, with_acc: bool) -> tuple[float, int]:
+    @torch.no_grad()
+    def _eval(
+        self, xt, yt, batch_size: int, with_acc: bool, loss_clip: float | None = None
+    ) -> tuple[float, int]:
         self.model.eval()
         total, correct = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for xb, yb in self._chunks(xt, yt, None, batch_size):
             out = self.model(xb)
-            total += per_sample_loss(self.task, out, yb).sum(dtype=torch.float64)
+            loss = per_sample_loss(self.task, out, yb)
+            if loss_clip is not None:
+                loss = loss.clamp(0, loss_clip)
+            total += loss.sum(dtype=torch.float64)
             if with_acc:
                 correct += int((out.argmax(1) == yb).sum())
         n = xt.shape[0]
