@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from algorithms.base import Environment, FederatedAlgorithm
 from raysim.aggregation import weighted_mean
 from raysim.clustering import cluster_sizes
-from raysim.models import build_model, flat_params, load_flat_
+from raysim.models import build_model, flat_params, load_flat_, model_kwargs
 from raysim.planning import CentralPlan, SampleLevelPlan
 from raysim.privacy import exponential_select, selection_event
 from raysim.protocol import Charge, ClientContext, ClientReport, ClientTask, RoundPlan
@@ -124,7 +124,7 @@ def random_models(env: Environment, count: int, seed: int) -> list[torch.Tensor]
             shape, classes = (cfg.data.dim,), 0
         else:
             shape, classes = _SHAPES[cfg.data.dataset]
-    kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
+    kwargs = model_kwargs(cfg.model)
     out = []
     for m in range(count):
         model = build_model(cfg.model.name, shape, classes, seed=seed * 1000 + m, **kwargs)

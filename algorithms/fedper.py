@@ -14,7 +14,7 @@ import torch
 from algorithms.base import Environment
 from algorithms.clustered import _SHAPES
 from algorithms.fedavg import FedAvg, GlobalState
-from raysim.models import build_model
+from raysim.models import build_model, model_kwargs
 from raysim.protocol import ClientContext, ClientReport, ClientTask, EvalReport, RoundPlan
 
 
@@ -25,7 +25,7 @@ def head_size(env: Environment) -> int:
         shape, classes = (cfg.data.dim,), 0
     else:
         shape, classes = _SHAPES[cfg.data.dataset]
-    kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
+    kwargs = model_kwargs(cfg.model)
     params = list(build_model(cfg.model.name, shape, classes, seed=0, **kwargs).parameters())
     return sum(p.numel() for p in params[-2:])
 

@@ -63,14 +63,14 @@ def _rounds(prep: Any, on_round: Callable[[dict], None] | None, dev: str, t0: fl
     import torch
 
     from raysim.metrics.evaluation import round_metrics
-    from raysim.models import build_model
+    from raysim.models import build_model, model_kwargs
     from raysim.privacy import PrivacyLedger
     from raysim.protocol import ClientContext
     from raysim.seeding import SERVER, numpy_rng
     from raysim.training import LocalTrainer
 
     cfg, algo, ds = prep.cfg, prep.algorithm, prep.dataset
-    kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
+    kwargs = model_kwargs(cfg.model)
     trainer = LocalTrainer(
         build_model(cfg.model.name, ds.feature_shape, ds.num_classes, **kwargs), ds.task, dev
     )

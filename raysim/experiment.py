@@ -17,7 +17,7 @@ import torch
 
 from raysim.config import ConfigError, ExperimentConfig
 from raysim.data import FederatedDataset, build_federated_dataset
-from raysim.models import MODELS, build_model, flat_params
+from raysim.models import MODELS, build_model, flat_params, model_kwargs
 from raysim.privacy import BudgetError, PrivacyConfigError, check_sample_level_delta
 from raysim.seeding import SERVER, torch_generator
 
@@ -35,7 +35,7 @@ def initial_weights(cfg: ExperimentConfig, ds: FederatedDataset) -> torch.Tensor
     seed = int(torch_generator(cfg.seed, 0, SERVER, "model_init").initial_seed())
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
+        kwargs = model_kwargs(cfg.model)
         model = build_model(cfg.model.name, ds.feature_shape, ds.num_classes, **kwargs)
     return flat_params(model)
 

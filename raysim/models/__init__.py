@@ -7,6 +7,7 @@ on any worker without touching the global RNG.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,6 +24,19 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "resnet18": ResNet18GN,
 }
 MODELS: tuple[str, ...] = tuple(_BUILDERS)
+
+
+def model_kwargs(model_cfg: Any) -> dict[str, Any]:
+    """The builder keywords a ``ModelConfig`` asks for (``hidden`` of mlp, ``bias`` of linear).
+
+    One place for every caller that builds the configured model, so the engine, the workers
+    and the algorithms cannot build different architectures from one config.
+    """
+    if model_cfg.name == "mlp":
+        return {"hidden": model_cfg.hidden}
+    if model_cfg.name == "linear":
+        return {"bias": model_cfg.bias}
+    return {}
 
 
 def build_model(
@@ -55,6 +69,7 @@ __all__ = [
     "Linear",
     "ResNet18GN",
     "build_model",
+    "model_kwargs",
     "flat_params",
     "load_flat_",
     "num_params",

@@ -16,6 +16,7 @@ import ray
 
 from raysim.config import ExperimentConfig
 from raysim.metrics.evaluation import round_metrics
+from raysim.models import model_kwargs as builder_kwargs
 from raysim.privacy import PrivacyLedger
 from raysim.protocol import EvalReport, RoundPlan
 from raysim.runtime.pool import WorkerPool, balance_shards
@@ -74,7 +75,7 @@ class Coordinator:
             max_restarts=-1,
             **worker_placement(),
         )
-        model_kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
+        model_kwargs = builder_kwargs(cfg.model)
 
         def make_worker(i: int) -> Any:
             return actor.remote(
