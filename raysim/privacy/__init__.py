@@ -37,12 +37,15 @@ from raysim.privacy.mechanisms import (
     private_sketch,
     privatize_onehot,
 )
+from raysim.privacy.metric_ledger import MetricLedger, MetricRelease
 
 __all__ = [
     "AccountantKind",
     "BoundedRangeDpEvent",
     "BudgetError",
     "CentralNoise",
+    "MetricLedger",
+    "MetricRelease",
     "Phase",
     "PrivacyConfigError",
     "PrivacyLedger",
