@@ -213,6 +213,10 @@ def test_attack_cli_writes_parquet_summary_and_grid(tmp_path, capsys) -> None:
         assert col in df
     assert (out / "grid_lenet_idlg.png").stat().st_size > 1000
     assert (out / "summary.csv").is_file()
+    npz = np.load(out / "reconstructions.npz")
+    assert npz["reconstructions"].shape == npz["originals"].shape == (4, 1, 28, 28)
+    err = ((npz["reconstructions"] - npz["originals"]).astype(np.float64) ** 2).mean(axis=(1, 2, 3))
+    np.testing.assert_allclose(err, df["mse"], rtol=1e-6)
     assert "results:" in capsys.readouterr().out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -72,7 +73,17 @@ def cmd_attack_dlg(args: argparse.Namespace) -> int:
         if args.out
         else Path("runs") / f"attack-dlg-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    rows = run_grid(jobs, args.workers)
+
+    def progress(row: dict) -> None:
+        print(
+            f"{row['target']} {row['method']} nu={row['nu']:g} image {row['image']}: "
+            f"MSE {row['mse']:.2e} SSIM {row['ssim']:.3f} label {row['label_pred']}/"
+            f"{row['label']} ({row['steps']} steps, {row['seconds']:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    rows = run_grid(jobs, args.workers, progress)
     df = write_outputs(rows, jobs, out)
     print(summary(df).to_string(index=False))
     print(f"results: {out}")

@@ -109,7 +109,7 @@ def run_attack(
     if method not in METHODS:
         raise ValueError(f"unknown attack {method!r}; allowed: {', '.join(METHODS)}")
     t0 = time.perf_counter()
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     dummy = torch.randn((1, *shape), generator=generator).requires_grad_(True)
     if method == "idlg":
         label: int | torch.Tensor = idlg_label(target)

@@ -8,7 +8,7 @@ on which process runs it or in what order: the dummy start is the same for every
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,12 +107,26 @@ def make_jobs(
     ]
 
 
-def run_grid(jobs: Sequence[Job], workers: int = 1) -> list[dict[str, Any]]:
-    """Run every job (in ``workers`` processes if > 1), in job order."""
+def run_grid(
+    jobs: Sequence[Job], workers: int = 1, on_done: Callable[[dict[str, Any]], None] | None = None
+) -> list[dict[str, Any]]:
+    """Run every job (in ``workers`` processes if > 1); rows in job order, ``on_done`` per row."""
     if workers <= 1:
-        return [run_job(j) for j in jobs]
-    with ProcessPoolExecutor(max_workers=min(workers, os.cpu_count() or 1)) as pool:
-        return list(pool.map(run_job, jobs, chunksize=1))
+        results = map(run_job, jobs)
+        pool = None
+    else:
+        pool = ProcessPoolExecutor(max_workers=min(workers, os.cpu_count() or 1))
+        results = pool.map(run_job, jobs, chunksize=1)
+    rows = []
+    try:
+        for row in results:
+            rows.append(row)
+            if on_done is not None:
+                on_done(row)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    return rows
 
 
 def results_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -170,10 +184,16 @@ def plot_grid(rows: Sequence[dict[str, Any]], originals: dict[int, np.ndarray], 
 
 
 def write_outputs(rows: Sequence[dict[str, Any]], jobs: Sequence[Job], out: Path) -> pd.DataFrame:
-    """results.parquet, summary.csv and one grid PNG per (target, method); returns the frame."""
+    """results.parquet, summary.csv, reconstructions.npz (row order of the Parquet file) and
+    one grid PNG per (target, method); returns the frame."""
     out.mkdir(parents=True, exist_ok=True)
     df = results_frame(rows)
     df.to_parquet(out / "results.parquet", index=False)
+    np.savez_compressed(
+        out / "reconstructions.npz",
+        reconstructions=np.stack([r["reconstruction"] for r in rows]),
+        originals=np.stack([j.image for j in jobs]),
+    )
     summary(df).to_csv(out / "summary.csv", index=False)
     originals = {j.index: j.image for j in jobs}
     for (t, m), _ in df.groupby(["target", "method"]):
