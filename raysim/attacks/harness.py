@@ -52,7 +52,16 @@ class Job:
 
 
 def run_job(job: Job) -> dict[str, Any]:
-    """One attack on one image; returns a result row (with the reconstruction)."""
+    """One attack on one image; returns a result row (with the reconstruction).
+
+    oneDNN (mkldnn) is off for the attack: on one 28x28 image the double-backward convolutions
+    ran 2x faster without it here (LeNet: 5.4 vs 10.6 ms per L-BFGS evaluation, 1 thread).
+    """
+    with torch.backends.mkldnn.flags(enabled=False):
+        return _run_job(job)
+
+
+def _run_job(job: Job) -> dict[str, Any]:
     torch.set_num_threads(1)  # jobs run side by side; one thread each is also reproducible
     model = build_target(job.target, job.seed, job.image.shape)
     x = torch.from_numpy(job.image)[None]
