@@ -57,8 +57,12 @@ def run_job(job: Job) -> dict[str, Any]:
     oneDNN (mkldnn) is off for the attack: on one 28x28 image the double-backward convolutions
     ran 2x faster without it here (LeNet: 5.4 vs 10.6 ms per L-BFGS evaluation, 1 thread).
     """
-    with torch.backends.mkldnn.flags(enabled=False):
+    was = torch.backends.mkldnn.enabled  # (the flags() context manager warns about TF32)
+    torch.backends.mkldnn.enabled = False
+    try:
         return _run_job(job)
+    finally:
+        torch.backends.mkldnn.enabled = was
 
 
 def _run_job(job: Job) -> dict[str, Any]:
