@@ -246,3 +246,15 @@ def test_full_lenet_grid_meets_the_issue_ranges(tmp_path) -> None:
     assert (s.ssim < 0.2).all() and (s.mse > s.pixel_var).all(), s
     dlg = df[df.method == "dlg"]
     assert ((dlg.mse < 1e-3) & dlg.label_correct).sum() >= 6, dlg
+
+
+def test_grid_rows_do_not_depend_on_the_process_that_ran_them() -> None:
+    from raysim.attacks.harness import make_jobs, run_grid
+
+    gen = np.random.default_rng(0)
+    images = gen.random((2, 1, 28, 28)).astype(np.float32)
+    jobs = make_jobs(["lenet"], ["idlg"], [0.0, 1.0], images, np.array([1, 2]), [5, 6], 0, 2)
+    one, two = run_grid(jobs, workers=1), run_grid(jobs, workers=2)
+    assert [r["image"] for r in one] == [5, 6, 5, 6] and [r["nu"] for r in one] == [0, 0, 1, 1]
+    for a, b in zip(one, two, strict=True):
+        assert np.array_equal(a["reconstruction"], b["reconstruction"]) and a["mse"] == b["mse"]
