@@ -1,4 +1,4 @@
-"""`raysim run | report | data describe | privacy`.
+"""`raysim run | report | data describe | privacy | attack dlg`.
 
 This is the composition root: it looks algorithms up by name and hands them to the engine.
 User mistakes exit with code 2 and a one-paragraph message (no traceback); other failures with 1.
@@ -174,8 +174,10 @@ def parser() -> argparse.ArgumentParser:
         "compare", help="one config under several algorithms and seeds (raysim compare -h)"
     )
 
+    from raysim.attacks.cli import add_attack_parser
     from tune.sweep import add_sweep_parser
 
+    add_attack_parser(sub)
     add_sweep_parser(sub)
     return p
 

@@ -6,6 +6,7 @@ naming the field and the allowed values.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,9 +40,13 @@ class DataConfig(_Section):
     # unrotated slice a frozen base (LoRA models) is pretrained on (raysim.data.public).
     public_pretrain_samples: int = Field(0, ge=0)
     # synthetic_linear only
-    dim: int = Field(10, gt=0)
-    noise_std: float = Field(0.1, ge=0)
-    cluster_separation: float = Field(1.0, gt=0)
+    dim: int = Field(10, gt=0)  # taken from true_weights when those are given and dim is not
+    noise_std: float = Field(0.1, ge=0)  # label_noise=gaussian only
+    cluster_separation: float = Field(1.0, gt=0)  # drawn weights only (no true_weights)
+    true_weights: list[list[float]] | None = None  # one row of dim weights per cluster
+    true_bias: list[float] | None = None  # one per cluster; 0 when true_weights are given
+    label_noise: Literal["gaussian", "uniform"] = "gaussian"  # N(0, noise_std^2) or U[0, 1]
+    input_dist: Literal["normal", "uniform"] = "normal"  # x ~ N(0, I) or U[-1, 1]^dim
 
     @field_validator("dataset")
     @classmethod
@@ -70,6 +75,35 @@ class DataConfig(_Section):
         if v is not None and not Path(v).expanduser().is_dir():
             raise ValueError(f"data directory {v!r} does not exist")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dim_from_true_weights(cls, data: Any) -> Any:
+        """A given ``true_weights`` fixes the dimension: ``dim`` need not repeat it."""
+        if isinstance(data, dict) and "dim" not in data:
+            rows = data.get("true_weights")
+            if isinstance(rows, list) and rows and isinstance(rows[0], list) and rows[0]:
+                return {**data, "dim": len(rows[0])}
+        return data
+
+    @model_validator(mode="after")
+    def _true_parameters_fit(self) -> DataConfig:
+        k = self.num_clusters
+        if self.true_weights is not None:
+            w = self.true_weights
+            if len(w) != k or any(len(row) != self.dim for row in w):
+                raise ValueError(
+                    f"true_weights must be {k} row(s) (one per cluster) of dim={self.dim} "
+                    f"numbers, got {w}"
+                )
+            if not all(math.isfinite(v) for row in w for v in row):
+                raise ValueError(f"true_weights must be finite, got {w}")
+        if self.true_bias is not None:
+            if self.true_weights is None:
+                raise ValueError("true_bias needs true_weights (drawn weights draw their bias)")
+            if len(self.true_bias) != k or not all(math.isfinite(v) for v in self.true_bias):
+                raise ValueError(f"true_bias must be {k} finite number(s), got {self.true_bias}")
+        return self
 
     @model_validator(mode="after")
     def _sizes_add_up(self) -> DataConfig:

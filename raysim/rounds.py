@@ -98,8 +98,9 @@ class RoundLoop:
         for charge in algo.privacy.charges(r, reports):
             self.ledger.charge(r, charge.clients, charge.mechanism, charge.event, charge.params)
         self.ledger.check_budget()  # never continue past the budget
-        for client, leak in algo.privacy.leakages(reports):
-            self.metric_ledger.record(r, client, leak.dim, leak.radius, leak.epsilon)
+        nu = self.cfg.privacy.nu
+        for rep, leak in algo.privacy.leakages(reports):
+            self.metric_ledger.record(rep.client_id, r, leak.dim, nu, leak.radius, rep.cluster)
         self.state = result.state
         row: dict[str, Any] = {"round": r, "participants": len(reports), **result.metrics}
         if skipped:

@@ -122,7 +122,7 @@ class PrivacyMode:
         """Metric (d-privacy) leakage of one release (0: this mode's costs are DpEvents)."""
         return 0.0
 
-    def leakages(self, reports: list[ClientReport]) -> list[tuple[int, Any]]:
+    def leakages(self, reports: list[ClientReport]) -> list[tuple[ClientReport, Any]]:
         """The metric leakage records on the reports (``dprivacy``)."""
         return []
 

@@ -61,9 +61,9 @@ class MetricLocal(PrivacyMode):
         if report.num_samples:
             refuse(algorithm, "num_samples", "the client's dataset size is not sanitized")
 
-    def leakages(self, reports: list[ClientReport]) -> list[tuple[int, MetricLeakage]]:
+    def leakages(self, reports: list[ClientReport]) -> list[tuple[ClientReport, MetricLeakage]]:
         return [
-            (r.client_id, r.update.leakage)
+            (r, r.update.leakage)
             for r in reports
             if isinstance(r.update, Released) and r.update.leakage is not None
         ]

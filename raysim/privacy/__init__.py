@@ -39,6 +39,7 @@ from raysim.privacy.mechanisms import (
     private_sketch,
     privatize_onehot,
 )
+from raysim.privacy.metric_ledger import MetricLedger, MetricRelease
 from raysim.privacy.release import MetricLeakage, Released, postprocess
 
 __all__ = [
@@ -48,6 +49,8 @@ __all__ = [
     "BudgetError",
     "CentralNoise",
     "NoiseCohort",
+    "MetricLedger",
+    "MetricRelease",
     "Phase",
     "PrivacyConfigError",
     "PrivacyLedger",
