@@ -35,13 +35,22 @@ class DPGroupParams(IFCAParams):
     init_std: float = Field(1.0, gt=0)
 
 
-def kmeans_from(points: np.ndarray, centres: np.ndarray) -> np.ndarray:
-    """Lloyd's k-means started at ``centres`` (one init, as Algorithm 1 line 9)."""
-    from sklearn.cluster import KMeans
-
-    k = min(len(centres), len(points))
-    fit = KMeans(n_clusters=k, init=centres[:k], n_init=1).fit(points)
-    return fit.labels_
+def kmeans_from(points: np.ndarray, centres: np.ndarray, max_iter: int = 300) -> np.ndarray:
+    """Lloyd's k-means started at ``centres`` (one init, Algorithm 1 line 9). Written out rather
+    than sklearn's KMeans, which moves a centre that lost all its points to a far point: here it
+    stays put, as an empty cluster keeps its hypothesis (line 10)."""
+    c = np.asarray(centres, dtype=np.float64).copy()
+    labels = np.zeros(len(points), dtype=np.int64)
+    for _ in range(max_iter):
+        labels = np.argmin(((points[:, None, :] - c[None]) ** 2).sum(-1), axis=1)
+        new = c.copy()
+        for j in range(len(c)):
+            if (labels == j).any():
+                new[j] = points[labels == j].mean(0)
+        if np.array_equal(new, c):
+            break
+        c = new
+    return labels
 
 
 class DPGroup(IFCA):

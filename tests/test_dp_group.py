@@ -1,0 +1,79 @@
+"""Galli et al.'s Algorithm 1 (algorithms/dp_group.py) on its synthetic experiment, in-process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from algorithms import Environment, get_algorithm
+from algorithms.clustered import ClusterState
+from algorithms.dp_group import kmeans_from
+from raysim.compare import for_algorithm, inline_loop
+from raysim.config import load_config
+from raysim.experiment import prepare
+from raysim.protocol import Message, RoundPlan
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "galli_synthetic.yaml"
+OPTIMA = np.array([[5.0, 6.0], [4.0, -4.5]])
+
+
+def finished(*sets: str):
+    cfg = for_algorithm(load_config(CONFIG, ["runtime.progress=false", *sets]))
+    prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+    loop = inline_loop(prep)
+    for _ in range(cfg.rounds):
+        loop.step()
+    return loop
+
+
+def distances(loop) -> np.ndarray:
+    st = loop.state
+    hyps = np.stack([m.numpy() for m in (st.models if hasattr(st, "models") else [st.model])])
+    return np.linalg.norm(OPTIMA[:, None] - hyps[None], axis=2).min(axis=1)
+
+
+def test_each_release_leaks_n_over_nu_and_totals_add_up():
+    loop = finished("rounds=10", "privacy.nu=5")
+    rows = loop.metric_ledger.rows()
+    assert len(rows) == 10 * 7  # U = 7 releases per round
+    assert all(r["leakage"] == pytest.approx(2 / 5) for r in rows)
+    parts = np.bincount([r["client"] for r in rows], minlength=100)
+    totals = np.array([loop.metric_ledger.total(c) for c in range(100)])
+    np.testing.assert_allclose(totals, 0.4 * parts, rtol=1e-12)
+    assert loop.ledger.rows() == []  # no (eps, delta) event: metric DP has its own ledger
+
+
+def test_weak_noise_recovers_both_optima_and_fedavg_cannot():
+    near = distances(finished("rounds=30", "privacy.nu=0.05"))
+    assert (near < 0.5).all(), near
+    fedavg = distances(finished("rounds=50", "algorithm.name=fedavg", "privacy.mode=none"))
+    assert (fedavg >= 4).all(), fedavg
+
+
+def test_kmeans_starts_at_the_hypotheses_and_keeps_their_labels():
+    g = np.random.default_rng(0)
+    centres = np.array([[5.0, 6.0], [4.0, -4.5]])
+    pts = np.concatenate(
+        [centres[1] + 0.1 * g.normal(size=(5, 2)), centres[0] + g.normal(size=(3, 2)) * 0.1]
+    )
+    assert kmeans_from(pts, centres).tolist() == [1] * 5 + [0] * 3
+
+
+def test_server_means_sanitized_parameters_and_an_empty_cluster_keeps_its_hypothesis():
+    cfg = load_config(CONFIG, ["runtime.progress=false"])
+    prep = prepare(cfg, get_algorithm("dp_group"), Environment)
+    algo = prep.algorithm
+    st = ClusterState([torch.tensor([5.0, 6.0]), torch.tensor([-50.0, -50.0])])
+    # three releases, all near hypothesis 0 (two of them chose hypothesis 1 but landed near 0)
+    msgs = [
+        Message(0, torch.tensor([0.5, 0.0]), 0, 0),
+        Message(1, torch.tensor([55.0, 56.5]), 0, 1),
+        Message(2, torch.tensor([54.5, 55.5]), 0, 1),
+    ]
+    res = algo.server_step(st, RoundPlan([], st.models, round=1), msgs, np.random.default_rng(0))
+    expected = torch.tensor([[5.5, 6.0], [5.0, 6.5], [4.5, 5.5]]).mean(0)
+    assert torch.allclose(res.state.models[0], expected)
+    assert torch.equal(res.state.models[1], st.models[1])  # empty after k-means: kept
