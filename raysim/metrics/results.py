@@ -64,7 +64,10 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
             row["leakage"] = total
         rows = results.get("metric_ledger_rows") or []
         if rows:
+            from raysim.metrics.leakage import plot_max_leakage
+
             pq.write_table(_table(rows), out / "leakage.parquet")
+            plot_max_leakage(rows, truth, out / "leakage.png", rounds=len(history))
     pq.write_table(_table(clients), out / "clients.parquet")
     ledger_rows = results["ledger_rows"] or [
         {"client": None, "round": None, "mechanism": None, "params": None, "epsilon": None}
