@@ -160,7 +160,7 @@ def table(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> st
     walls = [r["wall_seconds"] for rs in runs.values() for r in rs]
     if walls:
         lines.append("")
-        lines.append(f"{len(walls)} runs, {np.mean(walls):.0f} s per run on average (one core).")
+        lines.append(f"{len(walls)} runs, {np.mean(walls):.0f} s of wall time per run on average.")
     return "\n".join(lines)
 
 
