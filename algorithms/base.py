@@ -119,6 +119,11 @@ class Algorithm(ABC):
         """The cluster each client is currently assigned to (None: not a clustering method)."""
         return None
 
+    def round_grouping(self, state: Any) -> Any:
+        """The last round's grouping of the cohort (``raysim.rebalancing.Grouping``: the ids the
+        server grouped by and the final groups), for the engine's diagnostics; None: none."""
+        return None
+
     def choices(self, state: Any) -> np.ndarray | None:
         """Where clients choose their cluster: each one's last choice (-1: none yet), for the
         engine's clustering accuracy (None: not reported)."""

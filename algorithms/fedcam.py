@@ -33,6 +33,7 @@ def fedcam_moves(
     reports: list[Message],
     groups: np.ndarray,
     rng: np.random.Generator,
+    counts: np.ndarray | None = None,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """New cluster models and global model (theta_j = g + r_j) after one round."""
     share, lr = algo.params.global_share, algo.cfg.algorithm.server_lr
@@ -43,7 +44,7 @@ def fedcam_moves(
     else:
         total = torch.stack(updates).sum(0) if updates else torch.zeros_like(global_model)
     new_global = global_model + lr * share * total / n
-    moved = algo.cluster_moves(models, reports, groups, rng)  # theta_j + lr * group mean
+    moved = algo.cluster_moves(models, reports, groups, rng, counts)  # theta_j + lr * mean
     out = [
         new_global + (m - global_model) + (1 - share) * (mv - m)
         for m, mv in zip(models, moved, strict=True)

@@ -10,21 +10,37 @@ its clipped, noised sum over |S_j|. B = 0 is the base algorithm directly privati
 DP-IFCA / DP-FeSEM baselines); ``small_clusters="global"`` is the GMFSC baseline of appendix
 E.4 (no rebalancing; a cluster with fewer than B updates takes the global model).
 
-Privacy decisions (module docstring of ``raysim.rebalancing`` for the sensitivity):
+Identifiers (``algorithm.identifiers``), client-level DP:
+- ``private`` (default, Theorem 1): the server privatizes the one-hot ids (Gaussian, charged
+  with the model sums), groups by the noisy argmax and rebalances on it. Model-sum sensitivity
+  2*C_theta under replace-one whatever B: the model release is conditioned on the released noisy
+  ids (``raysim.rebalancing``, point 1).
+- ``unaccounted``: ids at a given noise-to-signal ``id_noise_to_signal`` (0: exact) that the
+  ledger does NOT charge; eps covers the model updates only (conditionally on the ids, 2*C),
+  and every summary says "cluster identifiers not private". What the paper's Table 4 implies.
+- ``histogram``: ids stay exact; the server releases one noisy count per cluster (charged like
+  the ids), groups and rebalances on the exact ids, and divides each noisy sum by the size
+  predicted from the noisy counts. The rebalancing then depends on one client's exact id, so
+  the model sums take the exact-id coupling sensitivity (``raysim.rebalancing``, point 2).
+
+Privacy decisions:
 - Only fixed-size cohorts without replacement are allowed in client mode. The identifiers are
   released per cohort member; under Poisson sampling (add/remove-one) the number of released
   rows itself changes with one client, which a Gaussian on a fixed-length vector does not
   cover. With a fixed cohort (replace-one, Theorem 1's amplification of Wang et al. 2019) the
   ids are one Gaussian mechanism on the cohort's stacked one-hots, sensitivity sqrt(2)*min(1,
   C_s), and |S_j| (hence dividing by it) is post-processing of them.
-- An empty cluster (possible only without rebalancing) releases nothing and keeps its model:
-  emptiness is a function of the released ids.
-- Clustering accuracy (``raysim.metrics``) is measured on the clients' own choices, matched to
-  the true clusters by the Hungarian method; the algorithm itself never sees the truth.
+- An empty cluster (possible only without rebalancing) releases nothing and keeps its model
+  when emptiness is a function of released ids; under ``histogram`` every sum is released.
+- Diagnostics per round: the ids' noise-to-signal s and the analytic keep probability
+  (``raysim.privacy.identifiers``), the smallest group before rebalancing, the updates moved;
+  what needs the clients' own choices or the truth (measured keep rate, clustering accuracy
+  before and after rebalancing) the engine computes from ``round_grouping``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import numpy as np
@@ -38,6 +54,8 @@ from algorithms.fesem import fesem_step
 from algorithms.ifca import IFCA, IFCAParams
 from raysim.config import ConfigError
 from raysim.modes import PrivacyNeeds
+from raysim.privacy import calibrate_central
+from raysim.privacy.identifiers import keep_probability, noise_to_signal
 from raysim.protocol import (
     ClientContext,
     ClientReport,
@@ -46,7 +64,9 @@ from raysim.protocol import (
     RoundPlan,
     ServerResult,
 )
-from raysim.rebalancing import SensitivityRule, rebalance, sensitivity
+from raysim.rebalancing import Grouping, SensitivityRule, expected_sizes, rebalance, sensitivity
+
+Identifiers = Literal["private", "unaccounted", "histogram"]
 
 
 class RRParams(IFCAParams):
@@ -58,6 +78,8 @@ class RRParams(IFCAParams):
     id_clip: float = Field(0.1, gt=0)  # C_s (appendix D: 0.1; argmax does not depend on it)
     id_noise_ratio: float = Field(1.0, gt=0)  # sigma_s / sigma_theta
     sensitivity: SensitivityRule = "sound"  # "paper": 2*C_theta per cluster sum (appendix B.2)
+    identifiers: Identifiers = "private"  # how cluster ids reach the grouping (module docstring)
+    id_noise_to_signal: float = Field(0.0, ge=0)  # s of "unaccounted" ids (0: exact)
     small_clusters: Literal["rebalance", "global"] = "rebalance"  # "global": GMFSC (E.4)
 
 
@@ -81,9 +103,50 @@ class RRCluster(IFCA):
         if self.params.B * k > cohort:
             raise ConfigError(f"algorithm.B: need B <= qM/k = {cohort / k:g}, got {self.params.B}")
 
+    @staticmethod
+    def check_params(params: RRParams) -> None:
+        if params.id_noise_to_signal and params.identifiers != "unaccounted":
+            raise ConfigError(
+                "algorithm.id_noise_to_signal: only with algorithm.identifiers=unaccounted "
+                f"(got identifiers={params.identifiers!r})"
+            )
+
     # -- privacy ---------------------------------------------------------------------------
     def privacy_needs(self) -> PrivacyNeeds:
+        self.check_params(self.params)
+        if self.params.identifiers == "unaccounted":
+            s = self.params.id_noise_to_signal
+            return PrivacyNeeds(self.dpsgd_schedule, unaccounted_id_noise=s)
         return PrivacyNeeds(self.dpsgd_schedule, id_noise_ratio=self.params.id_noise_ratio)
+
+    def id_noise_to_signal(self) -> float | None:
+        """s of the per-client ids the grouping sees (None: no per-client noisy ids)."""
+        if not self.privacy.central_noise:
+            return 0.0
+        if self.params.identifiers == "unaccounted":
+            return self.params.id_noise_to_signal
+        if self.params.identifiers == "histogram":
+            return 0.0
+        return noise_to_signal(self.privacy.plan.id_noise, self.privacy.replace_one)
+
+    def id_diagnostics(self) -> dict[str, Any]:
+        """What the identifiers still say, known before training (``raysim privacy``)."""
+        if getattr(self, "_id_diagnostics", None) is None:
+            self._id_diagnostics = self._compute_id_diagnostics()
+        return dict(self._id_diagnostics)
+
+    def _compute_id_diagnostics(self) -> dict[str, Any]:
+        k, s = self.num_clusters(), self.id_noise_to_signal()
+        out: dict[str, Any] = {"identifiers": self.params.identifiers}
+        if s is not None:
+            out["id_noise_to_signal"] = s
+            out["id_keep_analytic"] = keep_probability(s, k)
+        if self.privacy.central_noise and self.params.identifiers == "private":
+            out.update(self.id_ceiling(k))
+        if self.privacy.central_noise and self.params.identifiers == "histogram":
+            sens = math.sqrt(2.0) if self.privacy.replace_one else 1.0
+            out["id_count_noise_std"] = sens * self.privacy.plan.id_noise
+        return out
 
     def reserved_selections(self) -> int:
         return 0  # no exponential-mechanism choices: ids are privatized on the server
@@ -96,15 +159,35 @@ class RRCluster(IFCA):
         """Std / z of every model sum; fedcam adds its global sum (``algorithms.fedcam``)."""
         replace_one = self.cfg.training.sampling == "without_replacement"
         rule, clip = self.params.sensitivity, self.cfg.privacy.clip
-        cluster = sensitivity(clip, self.rebalancing_B, replace_one, rule)
+        exact = self.params.identifiers == "histogram"  # rebalanced on exact, unreleased ids
+        cluster = sensitivity(clip, self.rebalancing_B, replace_one, rule, exact_ids=exact)
         if self.params.base != "fedcam":
             return cluster
         return joint_sensitivity(sensitivity(clip, 0, replace_one, rule), cluster)
+
+    def id_ceiling(self, k: int) -> dict[str, Any]:
+        """The best the accounted ids can do even with infinite model noise: all of eps on the
+        identifier Gaussian gives multiplier z*, so s >= sqrt(2) z* (replace-one)."""
+        p, t = self.cfg.privacy, self.cfg.training
+        if p.epsilon is None:
+            return {}
+        z = calibrate_central(
+            self.cfg.rounds,
+            t.sampling_rate,
+            p.epsilon,
+            p.delta,
+            sampling=t.sampling,
+            population=self.env.num_clients,
+            accountant=p.accountant,
+        ).model
+        s_min = noise_to_signal(z, self.privacy.replace_one)
+        return {"id_noise_to_signal_floor": s_min, "id_keep_ceiling": keep_probability(s_min, k)}
 
     def privacy_summary(self) -> dict[str, Any]:
         out = super().privacy_summary()
         if self.privacy.central_noise:
             out["model_sensitivity"] = self.model_sensitivity()
+            out.update(self.id_diagnostics())
         return out
 
     # -- clients ---------------------------------------------------------------------------
@@ -116,10 +199,26 @@ class RRCluster(IFCA):
     # -- server ----------------------------------------------------------------------------
     def group(self, reports: list[Message], k: int, rng: np.random.Generator) -> np.ndarray:
         """Each report's cluster for aggregation: noisy ids (client mode), then rebalancing."""
+        return self.grouping(reports, k, rng)[0].after
+
+    def grouping(
+        self, reports: list[Message], k: int, rng: np.random.Generator
+    ) -> tuple[Grouping, np.ndarray | None, int]:
+        """The round's grouping, the released noisy counts (``histogram``; else None) and the
+        number of updates rebalancing moved. Every identifier release goes through the mode."""
         chosen = np.array([r.cluster for r in reports], dtype=np.int64)
+        before, counts = chosen, None
         if self.privacy.central_noise and chosen.size:
-            chosen = self.privacy.privatize_ids(chosen, k, self.params.id_clip, rng)
-        return rebalance(chosen, k, self.rebalancing_B, rng).clusters
+            ids = self.params.identifiers
+            if ids == "private":
+                before = self.privacy.privatize_ids(chosen, k, self.params.id_clip, rng)
+            elif ids == "unaccounted":
+                before = self.privacy.release_ids_unaccounted(chosen, k, rng)
+            else:
+                counts = self.privacy.noisy_histogram(chosen, k, rng)
+        out = rebalance(before, k, self.rebalancing_B, rng)
+        clients = np.array([r.client_id for r in reports], dtype=np.int64)
+        return Grouping(clients, np.asarray(before), out.clusters), counts, int(out.moved.size)
 
     def aggregate_groups(
         self,
@@ -127,8 +226,9 @@ class RRCluster(IFCA):
         reports: list[Message],
         groups: np.ndarray,
         rng: np.random.Generator,
+        counts: np.ndarray | None = None,
     ) -> list[torch.Tensor]:
-        out = self.cluster_moves(models, reports, groups, rng)
+        out = self.cluster_moves(models, reports, groups, rng, counts)
         if self.params.small_clusters == "global":
             out = self.global_for_small(models, out, groups, len(reports))
         return out
@@ -139,9 +239,12 @@ class RRCluster(IFCA):
         reports: list[Message],
         groups: np.ndarray,
         rng: np.random.Generator,
+        counts: np.ndarray | None = None,
     ) -> list[torch.Tensor]:
         """Each cluster model after its group's update: the base's plain means without DP, the
-        clipped sum + N(0, (sens * z)^2) over |S_j| with client-level DP (Algorithm 1 l. 11)."""
+        clipped sum + N(0, (sens * z)^2) over |S_j| with client-level DP (Algorithm 1 l. 11);
+        with released noisy ``counts`` (``histogram``) over the sizes they predict instead, and
+        every sum is released, empty or not (emptiness is a function of the exact ids)."""
         if not self.privacy.central_noise:
             regrouped = [
                 Message(r.client_id, r.update, r.num_samples, int(g))
@@ -149,14 +252,16 @@ class RRCluster(IFCA):
             ]
             return self.aggregate_clusters(models, regrouped, rng)
         lr, sens = self.cfg.algorithm.server_lr, self.model_sensitivity()
+        sizes = None if counts is None else expected_sizes(counts, self.rebalancing_B)
         out = []
         for j, model in enumerate(models):
             members = [r.update for r, g in zip(reports, groups, strict=True) if g == j]
-            if not members:
+            if not members and sizes is None:
                 out.append(model)
                 continue
             total = self.privacy.noisy_sum(members, sens, rng, model.numel())
-            out.append(model + lr * total / len(members))
+            size = len(members) if sizes is None else float(sizes[j])
+            out.append(model + lr * total / size)
         return out
 
     def global_for_small(
@@ -180,18 +285,36 @@ class RRCluster(IFCA):
         rng: np.random.Generator,
     ) -> ServerResult:
         k = len(state.models)
-        groups = self.group(reports, k, rng)
+        grouping, counts, moved = self.grouping(reports, k, rng)
+        groups = grouping.after
         info = dict(state.info)
         if self.params.base == "fedcam":
             g = info.get("global", torch.stack(state.models).mean(0))
-            models, info["global"] = fedcam_moves(self, state.models, g, reports, groups, rng)
+            models, info["global"] = fedcam_moves(
+                self, state.models, g, reports, groups, rng, counts
+            )
         else:
-            models = self.aggregate_groups(state.models, reports, groups, rng)
+            models = self.aggregate_groups(state.models, reports, groups, rng, counts)
+        info["grouping"] = grouping
         assigned = self.updated_assignments(state, reports)
         metrics = self.cluster_metrics(np.maximum(assigned, 0), k)
         sizes = np.bincount(groups, minlength=k) if groups.size else np.zeros(k, dtype=np.int64)
         metrics["round_cluster_size_min"] = int(sizes.min())
+        metrics.update(self.round_diagnostics(grouping, counts, moved, k))
         return ServerResult(ClusterState(models, assigned, info), metrics)
+
+    def round_diagnostics(
+        self, grouping: Grouping, counts: np.ndarray | None, moved: int, k: int
+    ) -> dict[str, Any]:
+        """The server's own view of its grouping: the smallest group before rebalancing (noisy
+        counts under ``histogram``: the server publishes nothing finer), the updates moved."""
+        out = {k_: v for k_, v in self.id_diagnostics().items() if k_ != "identifiers"}
+        if counts is not None:
+            out["group_size_min_before"] = float(counts.min())
+        elif grouping.before.size:
+            out["group_size_min_before"] = float(np.bincount(grouping.before, minlength=k).min())
+        out["rebalance_moved"] = moved
+        return out
 
     unassigned = -1  # never sampled: no cluster yet (left out of clustering accuracy)
 
@@ -200,6 +323,10 @@ class RRCluster(IFCA):
 
     def assignments(self, state: ClusterState) -> np.ndarray | None:
         return None if state.assigned is None else np.maximum(state.assigned, 0)
+
+    def round_grouping(self, state: ClusterState) -> Grouping | None:
+        """The last round's grouping, for the engine's truth-dependent diagnostics."""
+        return state.info.get("grouping")
 
     def choices(self, state: ClusterState) -> np.ndarray | None:
         """The clients' own last choices, -1 for clients never sampled (clustering accuracy)."""

@@ -140,6 +140,7 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
         row = {"seed": s["seed"], "dir": str(run_dir), "rounds": s["rounds"], **final}
         row["ari_round1"] = _first_row_value(run_dir, "ari")
         row["epsilon_spent"] = s.get("epsilon")
+        row["warning"] = s.get("warning")
         runs.setdefault(run_dir.parent.name, []).append(row)
     return runs
 
@@ -152,7 +153,9 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for a in names:
         rs = runs[a]
-        cells = [a, str(len(rs)), ",".join(sorted({str(r["rounds"]) for r in rs}))]
+        private_ids = not any(r.get("warning") for r in rs)
+        label = a if private_ids else f"{a} (cluster identifiers not private)"
+        cells = [label, str(len(rs)), ",".join(sorted({str(r["rounds"]) for r in rs}))]
         cells += [_mean_std([r.get(key) for r in rs]) for _, key in ACCURACY_COLUMNS]
         for key in ("ari_round1", "ari"):
             vals = [r.get(key) for r in rs if r.get(key) is not None]

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from raysim.config import ExperimentConfig
-from raysim.metrics.evaluation import clustering_accuracy, round_metrics
+from raysim.metrics.evaluation import clustering_accuracy, grouping_metrics, round_metrics
 from raysim.privacy import PrivacyLedger
 from raysim.privacy.metric_ledger import MetricLedger
 from raysim.protocol import ClientTask, EvalReport, RoundPlan
@@ -108,6 +108,9 @@ class RoundLoop:
         choices = algo.choices(self.state)
         if choices is not None:
             row["clustering_accuracy"] = clustering_accuracy(self.true_clusters, choices)
+        grouping = algo.round_grouping(self.state)
+        if grouping is not None:
+            row.update(grouping_metrics(self.true_clusters, choices, grouping))
         if r % self.cfg.training.eval_every == 0 or r == self.cfg.rounds:
             self.last_eval = self.evaluate()
             row.update(

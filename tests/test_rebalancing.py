@@ -3,14 +3,12 @@ the k cluster sums on adversarial neighbouring cohorts under the coupling of its
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from scipy.stats import chisquare
 
 from raysim.rebalancing import (
-    REBALANCE_FACTOR,
+    EXACT_ID_FACTOR,
     apply_moves,
     deficit_slots,
     rebalance,
@@ -98,7 +96,7 @@ def _coupled_add(ids, k, B, keys, rng, c, key_x):
 
 @pytest.mark.parametrize("B", [1, 3])
 def test_sensitivity_bound_on_adversarial_neighbours(B):
-    """Adding one client x: the L2 change of all k sums stays within sqrt(13)*C for updates
+    """Exact ids: adding one client x, the L2 change of all k sums stays within 3*C for updates
     chosen adversarially (x and the others at +-C along one axis, or orthogonal)."""
     rng = np.random.default_rng(2)
     clip, worst = 1.0, 0.0
@@ -116,12 +114,17 @@ def test_sensitivity_bound_on_adversarial_neighbours(B):
         a, b = _coupled_add(ids, k, B, keys, rng, c, key_x)
         diff = _sums(b, np.vstack([upd, x]), k) - _sums(a, upd, k)
         worst = max(worst, float(np.linalg.norm(diff)))
-    assert worst <= REBALANCE_FACTOR * clip + 1e-9
+    assert worst <= EXACT_ID_FACTOR * clip + 1e-9
     assert worst > clip  # rebalancing does make neighbours differ in more than x's cluster
 
 
 def test_sensitivity_values():
     assert sensitivity(0.1, 0, replace_one=False) == pytest.approx(0.1)
     assert sensitivity(0.1, 0, replace_one=True) == pytest.approx(0.2)
-    assert sensitivity(0.1, 8, replace_one=True) == pytest.approx(0.2 * math.sqrt(13))
+    # privatized ids: the model release is conditioned on them, 2C under replace-one for any B
+    assert sensitivity(0.1, 8, replace_one=True) == pytest.approx(0.2)
+    # rebalancing on exact ids: 3C add/remove (coupling), 6C replace-one (remove, then add)
+    assert sensitivity(0.1, 8, replace_one=False, exact_ids=True) == pytest.approx(0.3)
+    assert sensitivity(0.1, 8, replace_one=True, exact_ids=True) == pytest.approx(0.6)
+    assert sensitivity(0.1, 0, replace_one=True, exact_ids=True) == pytest.approx(0.2)
     assert sensitivity(0.1, 8, replace_one=True, rule="paper") == pytest.approx(0.2)

@@ -55,6 +55,46 @@ def clustering_accuracy(true: np.ndarray, assigned: np.ndarray) -> float:
     return float(overlap[rows, cols].sum() / true.size)
 
 
+# Per-round diagnostics of a grouping algorithm (RR-Cluster), averaged into summary.json
+GROUPING_DIAGNOSTICS = (
+    "id_noise_to_signal",
+    "id_keep_analytic",
+    "id_keep_measured",
+    "id_count_noise_std",
+    "group_size_min_before",
+    "rebalance_moved",
+    "clustering_accuracy_before",
+    "clustering_accuracy_after",
+)
+
+
+def grouping_metrics(true: np.ndarray, choices: np.ndarray | None, grouping: Any) -> dict:
+    """Against the truth and the clients' own choices, which only the simulator knows: how
+    often the ids the server grouped by kept the client's choice, and the clustering accuracy
+    of the cohort before and after rebalancing."""
+    clients = np.asarray(grouping.clients, dtype=np.int64)
+    if clients.size == 0:
+        return {}
+    truth = np.asarray(true)[clients]
+    out = {
+        "clustering_accuracy_before": clustering_accuracy(truth, grouping.before),
+        "clustering_accuracy_after": clustering_accuracy(truth, grouping.after),
+    }
+    if choices is not None:
+        out["id_keep_measured"] = float(np.mean(grouping.before == np.asarray(choices)[clients]))
+    return out
+
+
+def diagnostics_summary(history: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Mean over rounds of each grouping diagnostic present (summary.json)."""
+    out = {}
+    for key in GROUPING_DIAGNOSTICS:
+        vals = [float(r[key]) for r in history if r.get(key) is not None]
+        if vals:
+            out[key] = float(np.mean(vals))
+    return out
+
+
 def round_metrics(
     reports: Sequence[EvalReport],
     true_clusters: np.ndarray,

@@ -37,7 +37,8 @@ def comparison_table(run_dirs: Sequence[Path]) -> str:
     for d in run_dirs:
         summary, _ = load_run(Path(d))
         values = {**summary.get("final", {}), **summary}
-        rows.append([str(d)] + [_cell(fmt, values.get(key)) for _, key, fmt in COLUMNS])
+        label = str(d) + (" (cluster identifiers not private)" if summary.get("warning") else "")
+        rows.append([label] + [_cell(fmt, values.get(key)) for _, key, fmt in COLUMNS])
     header = ["run"] + [name for name, _, _ in COLUMNS]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raysim.config import dump_config
+from raysim.metrics.evaluation import diagnostics_summary
 
 RESULT_FILES = (
     "config.yaml",
@@ -94,11 +95,14 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
             **results["ledger_summary"],
             **prep.algorithm.privacy_summary(),
         },
+        "diagnostics": diagnostics_summary(history),
         "wall_seconds": results["wall_seconds"],
         "workers": len(results.get("workers", [])),
         "gpus_per_worker": results.get("gpus_per_worker"),
         "workers_replaced": results.get("workers_replaced", 0),
     }
+    if summary["privacy"].get("identifiers_warning"):  # said at the top, in words
+        summary["warning"] = summary["privacy"]["identifiers_warning"]
     summary = json.loads(json.dumps(summary, default=_json_default), parse_constant=lambda c: None)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_finite))
     plot_run(out)
@@ -135,7 +139,10 @@ def plot_run(run_dir: Path) -> None:
             ax.plot(ev["round"], ev[col], label=col.removeprefix("accuracy_"), lw=1, alpha=0.8)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
-    ax.set_title(f"{summary['algorithm']} on {summary['dataset']}")
+    title = f"{summary['algorithm']} on {summary['dataset']}"
+    if summary.get("warning"):
+        title += "\n(cluster identifiers not private)"
+    ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(run_dir / "accuracy.png", dpi=100)

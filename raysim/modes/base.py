@@ -37,6 +37,9 @@ class PrivacyNeeds:
     dpsgd_schedule: Callable[[int], Sequence[Phase]]  # a client's DP-SGD phases by train size
     selections: tuple[int, float] = (0, 0.0)  # (count, eps each) of exponential-mechanism choices
     id_noise_ratio: float | None = None  # client mode: sigma_ids / sigma_model (None: no ids)
+    # client mode: identifiers released at this noise-to-signal WITHOUT accounting (0: exact);
+    # None: no unaccounted release is allowed (``ClientLevel.release_ids_unaccounted`` refuses)
+    unaccounted_id_noise: float | None = None
 
 
 class PrivacyMode:

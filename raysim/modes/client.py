@@ -5,6 +5,13 @@ Clients clip their updates and send them as they are; the server releases only n
 reported cluster, noisy identifiers. The round's charge is derived from those releases: one
 population-wide event, the model Gaussian composed with the identifier Gaussian if ids were
 released. Sums over disjoint groups (one per cluster) compose in parallel.
+
+Identifiers come in three forms (RR-Cluster's ``algorithm.identifiers``): per-client noisy ids
+(``privatize_ids``, charged), one noisy count per cluster (``noisy_histogram``, charged with the
+same identifier multiplier), or ids released WITHOUT accounting (``release_ids_unaccounted``):
+a ``Released`` with no event, flagged ``accounted: False``, allowed only when the algorithm
+declared it before calibration (``PrivacyNeeds.unaccounted_id_noise``), and then named in every
+summary as "cluster identifiers not private".
 """
 
 from __future__ import annotations
@@ -21,6 +28,12 @@ from raysim.planning import CentralPlan
 from raysim.privacy import Released, central_round_event, clip_l2, gaussian_mechanism
 from raysim.privacy import privatize_onehot as _privatize_onehot
 from raysim.protocol import Charge, ClientReport
+
+ID_MECHANISMS = ("identifier_gaussian", "identifier_histogram")  # charged at plan.id_noise
+UNACCOUNTED_WARNING = (
+    "cluster identifiers not private: they are released without accounting; "
+    "epsilon covers the model updates only"
+)
 
 
 class ClientLevel(PrivacyMode):
@@ -44,8 +57,16 @@ class ClientLevel(PrivacyMode):
     def replace_one(self) -> bool:
         return self.plan.sampling == "without_replacement"
 
+    @property
+    def ids_unaccounted(self) -> bool:
+        return self.needs.unaccounted_id_noise is not None
+
     def summary(self) -> dict[str, Any]:
-        return {**super().summary(), **self.plan.summary()}
+        out = {**super().summary(), **self.plan.summary()}
+        if self.ids_unaccounted:
+            out["identifiers_warning"] = UNACCOUNTED_WARNING
+            out["identifiers_accounted"] = False
+        return out
 
     def train_overrides(self, client: int) -> dict[str, Any]:
         return {"update_clip": self.privacy.clip}
@@ -90,12 +111,43 @@ class ClientLevel(PrivacyMode):
         noisy = _privatize_onehot(ids, k, clip, z, rng)
         return self.record(Released(noisy, "identifier_gaussian", None, {"z": self.plan.id_noise}))
 
+    def noisy_histogram(self, ids: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+        """One noisy count per cluster of the exact ids (instead of per-client noisy ids): the
+        count vector's sensitivity is 1 (add/remove) or sqrt(2) (replace-one: one count -1,
+        another +1), the std that times the plan's identifier multiplier."""
+        if self.plan.id_noise is None:
+            raise TrustBoundaryError("identifiers were not planned (needs.id_noise_ratio)")
+        counts = np.bincount(np.asarray(ids, dtype=np.int64), minlength=k).astype(np.float64)
+        sens = math.sqrt(2.0) if self.replace_one else 1.0
+        noisy = gaussian_mechanism(counts, sens, self.plan.id_noise, rng)
+        z = self.plan.id_noise
+        return self.record(Released(noisy, "identifier_histogram", None, {"z": z}))
+
+    def release_ids_unaccounted(
+        self, ids: np.ndarray, k: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        """Noisy ids at the declared noise-to-signal s (0: the exact ids), NOT charged: the
+        release carries no event and ``accounted: False``; refused unless declared."""
+        s = self.needs.unaccounted_id_noise
+        if s is None:
+            raise TrustBoundaryError(
+                "unaccounted identifiers were not declared (needs.unaccounted_id_noise)"
+            )
+        noisy = _privatize_onehot(ids, k, 1.0, s, rng)  # one-hot height 1, noise std s
+        params = {"s": s, "accounted": False}
+        return self.record(Released(noisy, "identifier_unaccounted", None, params))
+
     # -- accounting ----------------------------------------------------------------------------
     def charges(self, round: int, reports: list[ClientReport]) -> list[Charge]:
         released = list(self._server_releases)
         super().charges(round, reports)
         sums = {r.params["z"] for r in released if r.mechanism == "central_gaussian"}
-        ids = {r.params["z"] for r in released if r.mechanism == "identifier_gaussian"}
+        ids = {r.params["z"] for r in released if r.mechanism in ID_MECHANISMS}
+        for r in released:
+            if r.mechanism == "identifier_unaccounted" and (
+                r.event is not None or r.params.get("accounted") is not False
+            ):
+                raise TrustBoundaryError("an unaccounted release must carry no event")
         if not sums:
             if ids:
                 raise TrustBoundaryError("identifiers released without a model sum")
