@@ -205,18 +205,21 @@ class RRCluster(IFCA):
         self, reports: list[Message], k: int, rng: np.random.Generator
     ) -> tuple[Grouping, np.ndarray | None, int]:
         """The round's grouping, the released noisy counts (``histogram``; else None) and the
-        number of updates rebalancing moved. Every identifier release goes through the mode."""
+        number of updates rebalancing moved. Every identifier release goes through the mode.
+        Identifier noise and rebalancing draw from their own streams, so B changes no other
+        draw (runs that differ only in B see the same noise)."""
+        id_rng, rebalance_rng = rng.spawn(2)
         chosen = np.array([r.cluster for r in reports], dtype=np.int64)
         before, counts = chosen, None
         if self.privacy.central_noise and chosen.size:
             ids = self.params.identifiers
             if ids == "private":
-                before = self.privacy.privatize_ids(chosen, k, self.params.id_clip, rng)
+                before = self.privacy.privatize_ids(chosen, k, self.params.id_clip, id_rng)
             elif ids == "unaccounted":
-                before = self.privacy.release_ids_unaccounted(chosen, k, rng)
+                before = self.privacy.release_ids_unaccounted(chosen, k, id_rng)
             else:
-                counts = self.privacy.noisy_histogram(chosen, k, rng)
-        out = rebalance(before, k, self.rebalancing_B, rng)
+                counts = self.privacy.noisy_histogram(chosen, k, id_rng)
+        out = rebalance(before, k, self.rebalancing_B, rebalance_rng)
         clients = np.array([r.client_id for r in reports], dtype=np.int64)
         return Grouping(clients, np.asarray(before), out.clusters), counts, int(out.moved.size)
 
@@ -285,7 +288,8 @@ class RRCluster(IFCA):
         rng: np.random.Generator,
     ) -> ServerResult:
         k = len(state.models)
-        grouping, counts, moved = self.grouping(reports, k, rng)
+        group_rng, rng = rng.spawn(2)  # model noise: its own stream
+        grouping, counts, moved = self.grouping(reports, k, group_rng)
         groups = grouping.after
         info = dict(state.info)
         if self.params.base == "fedcam":

@@ -227,3 +227,22 @@ def test_fedper_keeps_the_head_on_the_client():
     mixed = algo.personal(torch.zeros(p), head)
     assert torch.equal(mixed[-algo.head :], head) and mixed[: -algo.head].abs().sum() == 0
     assert torch.equal(algo.personal(torch.zeros(p), None), torch.zeros(p))
+
+
+def test_a_B_that_moves_nothing_changes_no_draw():
+    """Rebalancing draws from its own stream: runs differing only in B see the same identifier
+    and model noise, so a B that moves nothing gives the very same models (paired comparisons)."""
+    base = (
+        *CLIENT,
+        "training.sampling_rate=0.6",
+        "privacy.noise_multiplier=1e-3",
+        "algorithm.num_clusters=2",
+    )
+    outs = []
+    for b in ("0", "1"):
+        algo = RRCluster(env_for(*base, f"algorithm.B={b}"))
+        st = algo.init_state(rng())
+        res = algo.server_step(st, RoundPlan([], st.models, round=1), reports_for(algo, 2), rng(5))
+        assert res.metrics.get("rebalance_moved", 0) == 0
+        outs.append(res.state.models)
+    assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
