@@ -13,7 +13,7 @@ from algorithms.mr_mtl import MRMTL
 from algorithms.oracle import Oracle
 from algorithms.rdpcfl import RDPCFL
 from algorithms.rr_cluster import RRCluster
-from raysim.config import ConfigError
+from raysim.config import ConfigError, did_you_mean
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
@@ -27,6 +27,7 @@ def get_algorithm(name: str) -> type[Algorithm]:
     except KeyError:
         raise ConfigError(
             f"algorithm.name: unknown algorithm {name!r}; allowed: {', '.join(sorted(ALGORITHMS))}"
+            + did_you_mean(name, ALGORITHMS)
         ) from None
 
 
