@@ -67,7 +67,7 @@ def run_one(
 def _print_results(dirs: Sequence[Path], plot_to: Path | None = None) -> None:
     from raysim.metrics.report import comparison_plot, comparison_table
 
-    print(comparison_table(dirs))
+    print(comparison_table(dirs), flush=True)
     if plot_to is not None:
         comparison_plot(dirs, plot_to)
         print(f"plot: {plot_to}", file=sys.stderr)
@@ -91,11 +91,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
             raise ConfigError(f"run directory {str(target)!r} has no config.yaml")
         os.replace(target, stage)  # a run left in place by an older raysim: continue it there
     status = rundir.unfinished(stage)
-    if target.exists() and not args.overwrite:
-        import json
-
-        if not json.loads((stage / rundir.STATUS).read_text() or "{}").get("overwrite"):
-            rundir.check_target(target, overwrite=False)
+    if target.exists() and not (args.overwrite or rundir.read_status(stage).get("overwrite")):
+        rundir.check_target(target, overwrite=False)  # started without --overwrite: refuse
     cfg = load_config(stage / "config.yaml", list(args.set or []))
     prep = _prepare(cfg)
     blob = load_checkpoint(stage)

@@ -62,9 +62,14 @@ def check_target(out: Path, overwrite: bool) -> None:
         )
 
 
+def read_status(stage: Path) -> dict:
+    path = stage / STATUS
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def write_status(stage: Path, **fields: object) -> None:
     path = stage / STATUS
-    old = json.loads(path.read_text()) if path.is_file() else {}
+    old = read_status(stage)
     tmp = path.with_name(STATUS + ".tmp")
     tmp.write_text(json.dumps({**old, **fields}, indent=1, default=str))
     os.replace(tmp, path)
@@ -135,7 +140,7 @@ def unfinished(path: Path) -> Unfinished | None:
     stage = path if path.name.endswith(SUFFIX) else staging_dir(path)
     if not stage.is_dir():
         return None
-    status = json.loads((stage / STATUS).read_text()) if (stage / STATUS).is_file() else {}
+    status = read_status(stage)
     done = 0
     if (stage / "metrics.parquet").is_file():
         import pyarrow.parquet as pq

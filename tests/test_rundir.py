@@ -124,3 +124,14 @@ def test_report_accepts_a_directory_of_runs(ray_session, tmp_path, capsys):
     assert "All %" in text and "accuracy in %" in text
     assert "∞ (no DP)" in text and "0.00" not in text  # a non-private run is not "eps 0"
     assert (out / "comparison.png").is_file()
+
+
+def test_compare_refuses_to_overwrite_its_runs(tmp_path, capsys):
+    from raysim.compare import main as compare_main
+
+    _fake_run(tmp_path / "out" / "fedavg" / "seed0")
+    argv = ["--algorithms", "fedavg", "--seeds", "0", "--out", str(tmp_path / "out")]
+    assert compare_main([str(tmp_path / "none.yaml"), *argv]) == 2  # a missing config first
+    (tmp_path / "c.yaml").write_text("rounds: 1\n")
+    assert compare_main([str(tmp_path / "c.yaml"), *argv]) == 2
+    assert "--overwrite" in capsys.readouterr().err

@@ -30,8 +30,8 @@ COLUMNS = (
 )
 
 LEGEND = (
-    "accuracy in % (test accuracy averaged over clients; minority = the smallest true cluster, "
-    "majority = the others); ARI: clusters recovered (1 = every client in its true cluster); "
+    "accuracy in % (test accuracy averaged over clients; minority = the smallest true cluster,\n"
+    "majority = the others); ARI: clusters recovered (1 = every client in its true cluster);\n"
     "eps spent: the largest per-client epsilon at the run's delta"
 )
 
@@ -88,12 +88,19 @@ def comparison_plot(run_dirs: Sequence[Path], path: Path) -> None:
         axes[0].plot(ev["round"], 100 * ev["accuracy"], label=label, lw=2)
         if "accuracy_minority" in ev:
             axes[1].plot(ev["round"], 100 * ev["accuracy_minority"], label=label, lw=2)
+    from matplotlib.ticker import MaxNLocator
+
+    first, _ = load_run(Path(run_dirs[0]))
+    if first.get("privacy_mode") != "none":
+        fig.suptitle(f"{first['dataset']}: eps {first.get('epsilon_budget')} per client")
     axes[0].set_title("all clients")
     axes[1].set_title("minority cluster")
     axes[0].set_ylabel("test accuracy (%)")
     for ax in axes:
         ax.set_xlabel("round")
-        ax.legend(fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
