@@ -198,7 +198,9 @@ def parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=cmd_run)
 
-    rep = sub.add_parser("report", help="compare finished runs and redraw their plots")
+    rep = sub.add_parser(
+        "report", help="table (in %%) and plots of finished runs, or a directory of runs"
+    )
     rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a run, or a directory of runs")
     rep.set_defaults(func=cmd_report)
 
