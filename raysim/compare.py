@@ -319,6 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"raysim compare: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ray is shut down by run_all's finally
+        print("raysim compare: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
