@@ -14,7 +14,7 @@ from algorithms.mr_mtl import MRMTL
 from algorithms.oracle import Oracle
 from algorithms.rdpcfl import RDPCFL
 from algorithms.rr_cluster import RRCluster
-from raysim.config import ConfigError
+from raysim.config import ConfigError, did_you_mean
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
@@ -43,7 +43,7 @@ def get_algorithm(name: str) -> type[Algorithm]:
     except KeyError:
         raise ConfigError(
             f"algorithm.name: unknown algorithm {name!r}; allowed: {', '.join(sorted(ALGORITHMS))}"
-            " or module:Class"
+            " or module:Class" + did_you_mean(name, ALGORITHMS)
         ) from None
 
 

@@ -11,10 +11,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from raysim.aggregation import weighted_mean
-from raysim.config import ConfigError, ExperimentConfig
+from raysim.config import ConfigError, ExperimentConfig, format_validation_error
 from raysim.modes import PrivacyMode, PrivacyNeeds, make_mode
 from raysim.planning import dpsgd_round_phase
 from raysim.privacy import Phase
@@ -75,8 +75,11 @@ class Algorithm(ABC):
         extra = self.cfg.algorithm.model_extra or {}
         try:
             self.params = self.Params(**extra)
-        except Exception as exc:  # pydantic.ValidationError: re-worded with the config prefix
-            raise ConfigError(f"algorithm: {exc}") from None
+        except ValidationError as exc:  # re-worded like every config error, keys prefixed
+            msg = format_validation_error(exc, self.Params, prefix="algorithm")
+            raise ConfigError(
+                msg.replace("unknown field", f"{self.name} takes no such key")
+            ) from None
 
     # -- privacy -----------------------------------------------------------------------------
     def privacy_summary(self) -> dict[str, Any]:

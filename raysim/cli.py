@@ -1,4 +1,4 @@
-"""`raysim run | report | data describe | privacy | attack dlg`.
+"""raysim: run | report | data | privacy | compare | sweep | attack (`raysim COMMAND -h`).
 
 This is the composition root: it looks algorithms up by name and hands them to the engine.
 User mistakes exit with code 2 and a one-paragraph message (no traceback); other failures with 1.
@@ -17,12 +17,16 @@ from typing import Any
 from raysim.config import ConfigError, ExperimentConfig, load_config
 
 DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
-DEMO_ALGORITHMS = ("fedavg", "local")
+DEMO_ALGORITHMS = ("fedavg", "local", "rdpcfl")  # `raysim run` with no CONFIG: the demo
 
 
 def _config(args: argparse.Namespace, extra: Sequence[str] = ()) -> ExperimentConfig:
-    """The named config, or the demo's when none is named, with the --set overrides."""
-    return load_config(args.config or DEMO_CONFIG, list(args.set or []) + list(extra))
+    """The named config, or the demo's when none is named, with the --set overrides, without
+    the algorithm.* keys that belong to another algorithm (one file serves several)."""
+    from raysim.compare import for_algorithm
+
+    sets = list(args.set or []) + list(extra)
+    return for_algorithm(load_config(args.config or DEMO_CONFIG, sets))
 
 
 def _prepare(cfg: ExperimentConfig):
@@ -38,83 +42,123 @@ def _progress(cfg: ExperimentConfig, label: str):
     bar = tqdm(total=cfg.rounds, desc=label, unit="round", disable=not cfg.runtime.progress)
 
     def update(row: dict[str, Any]) -> None:
-        post = {"eps": f"{row['epsilon']:.2f}"}
+        post = {"eps": f"{row['epsilon']:.2f}" if cfg.privacy.mode != "none" else "∞"}
         if "accuracy" in row:
-            post["acc"] = f"{row['accuracy']:.3f}"
+            post["acc"] = f"{100 * row['accuracy']:.1f}%"
         bar.set_postfix(post)
         bar.update(1)
 
     return bar, update
 
 
-def run_one(prep: Any, out: Path, resume: bytes | None = None) -> dict[str, Any]:
+def run_one(
+    prep: Any, out: Path, resume: bytes | None = None, overwrite: bool = False, **kw: Any
+) -> None:
     from raysim.experiment import run_prepared
 
     cfg = prep.cfg
     bar, update = _progress(cfg, f"{cfg.algorithm.name}")
     try:
-        run_prepared(prep, out, on_round=update, resume=resume)
+        run_prepared(prep, out, on_round=update, resume=resume, overwrite=overwrite, **kw)
     finally:
         bar.close()
-    return json.loads((out / "summary.json").read_text())
+
+
+def _print_results(dirs: Sequence[Path], plot_to: Path | None = None) -> None:
+    from raysim.metrics.report import comparison_plot, comparison_table
+
+    print(comparison_table(dirs), flush=True)
+    if plot_to is not None:
+        comparison_plot(dirs, plot_to)
+        print(f"plot: {plot_to}", file=sys.stderr)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    """Continue RUN_DIR from its checkpoint, with the config it was started with."""
+    """Continue a run from its checkpoint (in OUT.incomplete), with the config it started with."""
+    import os
+
+    from raysim import rundir
     from raysim.runtime.checkpoint import load_checkpoint
 
-    run_dir = Path(args.resume)
     if args.config or args.algorithms or args.out:
         raise ConfigError("--resume takes the run directory only (its config.yaml is used)")
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"run directory {str(run_dir)!r} has no config.yaml")
-    cfg = load_config(run_dir / "config.yaml", list(args.set or []))
+    target = rundir.target_of(Path(args.resume))
+    stage = rundir.staging_dir(target)
+    if not stage.is_dir():
+        if (target / "summary.json").is_file():
+            raise ConfigError(f"run {str(target)!r} is finished: there is nothing to resume")
+        if not (target / "config.yaml").is_file():
+            raise ConfigError(f"run directory {str(target)!r} has no config.yaml")
+        os.replace(target, stage)  # a run left in place by an older raysim: continue it there
+    status = rundir.unfinished(stage)
+    if target.exists() and not (args.overwrite or rundir.read_status(stage).get("overwrite")):
+        rundir.check_target(target, overwrite=False)  # started without --overwrite: refuse
+    cfg = load_config(stage / "config.yaml", list(args.set or []))
     prep = _prepare(cfg)
-    blob = load_checkpoint(run_dir)
+    blob = load_checkpoint(stage)
     if blob is None:
-        print(f"raysim: {run_dir} has no checkpoint: starting from round 1", file=sys.stderr)
-    run_one(prep, run_dir, resume=blob)
-    print(f"results: {run_dir}", file=sys.stderr)
-    from raysim.metrics.report import comparison_table
-
-    print(comparison_table([run_dir]))
+        print(f"raysim: {stage} has no checkpoint: starting from round 1", file=sys.stderr)
+    elif status is not None:
+        print(f"raysim: continuing {target} after round {status.rounds_done}", file=sys.stderr)
+    run_one(prep, target, resume=blob, resuming=True)
+    print(f"results: {target}", file=sys.stderr)
+    _print_results([target])
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         return cmd_resume(args)
+    from raysim import rundir
+
     demo = args.config is None
     named = any(item.startswith("algorithm.name=") for item in args.set or [])
     default = DEMO_ALGORITHMS if demo and not named else []
     algorithms = args.algorithms.split(",") if args.algorithms else default
-    from raysim.compare import for_algorithm  # drops algorithm.* keys the algorithm doesn't take
-
-    named_configs = [for_algorithm(_config(args, [f"algorithm.name={a}"])) for a in algorithms]
+    named_configs = [_config(args, [f"algorithm.name={a}"]) for a in algorithms]
     configs = named_configs or [_config(args)]
-    preps = [_prepare(cfg) for cfg in configs]  # every user mistake surfaces before Ray starts
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path(args.out) if args.out else Path("runs") / f"{configs[0].name}-{stamp}"
     dirs = [base / c.algorithm.name for c in configs] if len(configs) > 1 else [base]
-    for prep, out in zip(preps, dirs, strict=True):
-        run_one(prep, out)
-        print(f"results: {out}", file=sys.stderr)
-    from raysim.metrics.report import comparison_table
+    for out in dirs:  # refuse to overwrite results before anything runs
+        rundir.check_target(out, args.overwrite)
+    preps = [_prepare(cfg) for cfg in configs]  # every user mistake surfaces before Ray starts
+    from raysim.runtime.session import ensure_ray
 
-    print(comparison_table(dirs))
+    t0 = time.perf_counter()
+    started = ensure_ray(configs[0].runtime)  # one Ray session for all the runs
+    try:
+        for prep, out in zip(preps, dirs, strict=True):
+            run_one(prep, out, overwrite=args.overwrite)
+            print(f"results: {out}", file=sys.stderr)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    _print_results(dirs, base / "comparison.png" if len(dirs) > 1 else None)
+    print(f"{len(dirs)} run(s) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from raysim.metrics.report import comparison_table
+    from raysim import rundir
     from raysim.metrics.results import plot_run
 
-    dirs = [Path(d) for d in args.run_dirs]
+    dirs: list[Path] = []
+    for d in map(Path, args.run_dirs):
+        done, unfinished = rundir.find_runs(d)
+        for u in unfinished:
+            print(f"raysim: {u.describe()}", file=sys.stderr)
+        if not done and not unfinished:
+            raise ConfigError(f"{str(d)!r} holds no run (no summary.json in it or below it)")
+        dirs += done
+    if not dirs:
+        raise ConfigError("no finished run to report (see above)")
     for d in dirs:
-        if not (d / "summary.json").is_file():
-            raise ConfigError(f"run directory {str(d)!r} has no summary.json")
         plot_run(d)
-    print(comparison_table(dirs))
+    many = len(args.run_dirs) == 1 and len(dirs) > 1 and Path(args.run_dirs[0]).is_dir()
+    _print_results(dirs, Path(args.run_dirs[0]) / "comparison.png" if many else None)
     return 0
 
 
@@ -128,15 +172,11 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_privacy(args: argparse.Namespace) -> int:
-    from raysim.privacy_report import privacy_report
+    from raysim.privacy_report import format_report, privacy_report
 
     cfg = _config(args)
-    report = privacy_report(_prepare(cfg))
-    if args.json:
-        print(json.dumps(report))
-    else:
-        for key, value in report.items():
-            print(f"{key}: {value}")
+    report = privacy_report(_prepare(cfg), schedule=args.json)
+    print(json.dumps(report) if args.json else format_report(report))
     return 0
 
 
@@ -153,10 +193,15 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="result directory (default: runs/NAME-TIME)")
     run.add_argument("--algorithms", help="comma-separated: run the config under each")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
+    run.add_argument(
+        "--overwrite", action="store_true", help="replace the results already in --out"
+    )
     run.set_defaults(func=cmd_run)
 
-    rep = sub.add_parser("report", help="compare finished runs and redraw their plots")
-    rep.add_argument("run_dirs", nargs="+")
+    rep = sub.add_parser(
+        "report", help="table (in %%) and plots of finished runs, or a directory of runs"
+    )
+    rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a run, or a directory of runs")
     rep.set_defaults(func=cmd_report)
 
     data = sub.add_parser("data", help="inspect the federated population")
@@ -167,7 +212,7 @@ def parser() -> argparse.ArgumentParser:
 
     priv = sub.add_parser("privacy", help="calibrated noise and planned eps, without training")
     with_config(priv)
-    priv.add_argument("--json", action="store_true")
+    priv.add_argument("--json", action="store_true", help="everything, with the eps schedule")
     priv.set_defaults(func=cmd_privacy)
 
     sub.add_parser(

@@ -99,15 +99,19 @@ def run_inline(
     }
 
 
-def run_one(prep: Any, out: Path, inline: bool) -> None:
+def run_one(prep: Any, out: Path, inline: bool, overwrite: bool = False) -> None:
     from raysim.metrics.results import write_results
 
     if inline:
+        if overwrite and out.is_dir():
+            import shutil
+
+            shutil.rmtree(out)
         write_results(out, prep, run_inline(prep))
     else:
         from raysim.experiment import run_prepared
 
-        run_prepared(prep, out)
+        run_prepared(prep, out, overwrite=overwrite)
 
 
 # ------------------------------------------------------------------------------- the table
@@ -117,8 +121,9 @@ def _mean_std(values: Sequence[float | None], scale: float = 100.0) -> str:
     vals = [v * scale for v in values if v is not None and math.isfinite(v)]
     if not vals:
         return "-"
-    std = float(np.std(vals)) if len(vals) > 1 else 0.0
-    return f"{np.mean(vals):.2f} ± {std:.2f}"
+    if len(vals) == 1:  # one seed: no spread to show
+        return f"{vals[0]:.2f}"
+    return f"{np.mean(vals):.2f} ± {float(np.std(vals)):.2f}"
 
 
 def _first_row_value(run_dir: Path, column: str) -> Any:
@@ -141,6 +146,7 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
         row["ari_round1"] = _first_row_value(run_dir, "ari")
         row["epsilon_spent"] = s.get("epsilon")
         row["warning"] = s.get("warning")
+        row["privacy_mode"] = s.get("privacy_mode")
         runs.setdefault(run_dir.parent.name, []).append(row)
     return runs
 
@@ -160,13 +166,20 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
         for key in ("ari_round1", "ari"):
             vals = [r.get(key) for r in rs if r.get(key) is not None]
             cells.append(f"{sum(np.isclose(v, 1.0) for v in vals)}/{len(vals)}" if vals else "-")
-        cells.append(_mean_std([r.get("epsilon_spent") for r in rs], scale=1.0))
+        if all(r.get("privacy_mode") == "none" for r in rs):
+            cells.append("∞ (no DP)")  # nothing accounted: not "0", which reads as private
+        else:
+            cells.append(_mean_std([r.get("epsilon_spent") for r in rs], scale=1.0))
         ms = [r.get("num_clusters") for r in rs if r.get("num_clusters") is not None]
         cells.append(",".join(str(int(m)) for m in ms) if ms else "-")
         cells.append(_mean_std([r.get("gmm_mss") for r in rs], scale=1.0))
         ecs = [r.get("switch_round") for r in rs if r.get("switch_round") is not None]
         cells.append(",".join(str(int(e)) for e in ecs) if ecs else "-")
         lines.append("| " + " | ".join(cells) + " |")
+    lines.append(
+        "\nAccuracies in % (mean, and std over seeds when more than one); "
+        "eps spent: the largest per-client eps."
+    )
     return "\n".join(lines)
 
 
@@ -182,6 +195,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="result directory (default: runs/compare-NAME-TIME)")
     p.add_argument("--inline", action="store_true", help="run in this process, without Ray")
     p.add_argument("--report-only", action="store_true", help="only re-read OUT's runs")
+    p.add_argument("--overwrite", action="store_true", help="replace runs already in OUT")
     return p
 
 
@@ -202,7 +216,11 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / f"compare-{configs[0].name}-{stamp}"
     if not args.report_only:
-        run_all(configs, out, args.inline)
+        from raysim.rundir import check_target
+
+        for cfg in configs:  # never overwrite results unasked, and refuse before anything runs
+            check_target(out / cfg.algorithm.name / f"seed{cfg.seed}", args.overwrite)
+        run_all(configs, out, args.inline, args.overwrite)
     runs = collect(out)
     text = table(runs, algorithms)
     out.mkdir(parents=True, exist_ok=True)
@@ -212,25 +230,28 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def for_algorithm(cfg: Any) -> Any:
+def for_algorithm(cfg: Any, quiet: bool = False) -> Any:
     """The config without the ``algorithm.*`` keys its algorithm does not take, so one file can
     carry e.g. rdpcfl's keys and still run fedavg (``raysim run`` refuses unknown keys)."""
-    from algorithms import get_algorithm
+    from algorithms import ALGORITHMS, get_algorithm
     from raysim.config import build_config
 
     fields = set(get_algorithm(cfg.algorithm.name).Params.model_fields)
-    drop = sorted(k for k in (cfg.algorithm.model_extra or {}) if k not in fields)
+    # Only keys another algorithm takes: a typo stays, to be refused with a suggestion.
+    known = {k for a in ALGORITHMS.values() for k in a.Params.model_fields}
+    drop = sorted(k for k in (cfg.algorithm.model_extra or {}) if k not in fields and k in known)
     if not drop:
         return cfg
     keys = ", ".join(f"algorithm.{k}" for k in drop)
-    print(f"compare: {cfg.algorithm.name} does not take {keys}: left out", file=sys.stderr)
+    if not quiet:
+        print(f"raysim: {cfg.algorithm.name} does not take {keys}: left out", file=sys.stderr)
     raw = cfg.model_dump()
     for k in drop:
         raw["algorithm"].pop(k)
     return build_config(raw)
 
 
-def run_all(configs: list[Any], out: Path, inline: bool) -> None:
+def run_all(configs: list[Any], out: Path, inline: bool, overwrite: bool = False) -> None:
     from algorithms import Environment, get_algorithm
     from raysim.experiment import prepare
 
@@ -244,7 +265,7 @@ def run_all(configs: list[Any], out: Path, inline: bool) -> None:
             prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
             run_dir = out / cfg.algorithm.name / f"seed{cfg.seed}"
             t0 = time.perf_counter()
-            run_one(prep, run_dir, inline)
+            run_one(prep, run_dir, inline, overwrite)
             print(
                 f"{cfg.algorithm.name} seed {cfg.seed}: {time.perf_counter() - t0:.0f} s "
                 f"-> {run_dir}",
@@ -263,6 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"raysim compare: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ray is shut down by run_all's finally
+        print("raysim compare: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ naming the field and the allowed values.
 
 from __future__ import annotations
 
+import difflib
 import math
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,7 +55,9 @@ class DataConfig(_Section):
     @classmethod
     def _known_dataset(cls, v: str) -> str:
         if v not in DATASETS:
-            raise ValueError(f"unknown dataset {v!r}; allowed: {', '.join(DATASETS)}")
+            raise ValueError(
+                f"unknown dataset {v!r}; allowed: {', '.join(DATASETS)}{did_you_mean(v, DATASETS)}"
+            )
         return v
 
     @field_validator("cluster_sizes")
@@ -287,19 +292,74 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def format_validation_error(exc: ValidationError) -> str:
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """ "; did you mean 'x'?" for the closest of ``choices`` (difflib), or "" if none is close."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the section that ``loc`` (a pydantic error location) points into."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        sub = getattr(field, "annotation", None) if field else None
+        if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
+            return []
+        model = sub
+    return list(model.model_fields)
+
+
+_BOUNDS = {
+    "greater_than": ">",
+    "greater_than_equal": ">=",
+    "less_than": "<",
+    "less_than_equal": "<=",
+}
+_TYPES = {
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_parsing": "a number",
+    "bool_parsing": "true or false",
+    "list_type": "a list, e.g. [1, 2]",
+    "dict_type": "a section (key: value lines)",
+    "model_type": "a section (key: value lines)",
+    "string_type": "a string",
+}
+
+
+def _message(err: dict[str, Any], model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """One pydantic error in the words of the rest of raysim (no pydantic jargon or URLs)."""
+    kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
+    if kind == "extra_forbidden":
+        fields = _fields_at(model, loc)
+        hint = did_you_mean(loc[-1], fields)
+        return f"unknown field{hint}" + (f" (allowed: {', '.join(fields)})" if fields else "")
+    if kind == "literal_error":
+        allowed = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        return f"got {got!r}; allowed: {', '.join(allowed)}{did_you_mean(got, allowed)}"
+    if kind in _BOUNDS:
+        bound = next(iter(ctx.values()), "?")
+        return f"must be {_BOUNDS[kind]} {bound} (got {got!r})"
+    if kind in _TYPES:
+        return f"must be {_TYPES[kind]} (got {got!r})"
+    if kind == "missing":
+        return "is required"
+    return err["msg"].removeprefix("Value error, ")
+
+
+def format_validation_error(
+    exc: ValidationError, model: type[BaseModel] | None = None, prefix: str = ""
+) -> str:
+    """Every error as "field: message", the field a dotted config key (``prefix`` first)."""
     lines = []
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "config"
+        loc = tuple(err["loc"])
+        field = ".".join(str(p) for p in ((prefix,) if prefix else ()) + loc) or "config"
         msg = err["msg"].removeprefix("Value error, ")
         if msg.startswith(f"{field}."):  # the message names the exact key (model.<key>)
             lines.append(msg)
             continue
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif err["type"] == "literal_error":
-            msg = f"{msg} (got {err.get('input')!r})"
-        lines.append(f"{field}: {msg}")
+        lines.append(f"{field}: {_message(err, model or ExperimentConfig, loc)}")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

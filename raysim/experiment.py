@@ -7,6 +7,7 @@ never imports an algorithm.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.config import ConfigError, ExperimentConfig
+from raysim.config import ConfigError, ExperimentConfig, did_you_mean
 from raysim.data import FederatedDataset, build_federated_dataset
 from raysim.models import MODELS, build_from_spec, flat_params, init_seed, model_spec
 from raysim.privacy import BudgetError, PrivacyConfigError, check_sample_level_delta
@@ -49,6 +50,7 @@ def check_against_data(cfg: ExperimentConfig, ds: FederatedDataset) -> None:
     if cfg.model.name not in MODELS:
         raise ConfigError(
             f"model.name: unknown model {cfg.model.name!r}; allowed: {', '.join(MODELS)}"
+            + did_you_mean(cfg.model.name, MODELS)
         )
     if ds.task == "regression" and cfg.model.name not in ("linear", "mlp"):
         raise ConfigError(f"model.name: {cfg.data.dataset} is a regression task; use linear or mlp")
@@ -91,15 +93,37 @@ def run_prepared(
     out_dir: Path,
     on_round: Callable[[dict], None] | None = None,
     resume: bytes | None = None,
+    overwrite: bool = False,
+    resuming: bool | None = None,
 ):
-    """Run and write the results. config.yaml is written first and metrics.parquet and the
-    checkpoint as rounds finish, so `raysim run --resume out_dir` can continue a dead run."""
+    """Run and write the results into ``OUT.incomplete`` (config.yaml first, metrics.parquet and
+    the checkpoint as rounds finish), then move it to ``out_dir`` (raysim.rundir). A run that
+    stops is marked in its status.json and `raysim run --resume out_dir` continues it; an
+    existing ``out_dir`` is refused unless ``overwrite`` (ConfigError). ``resuming`` (default:
+    a checkpoint is given) continues the existing staging directory."""
+    from raysim import rundir
     from raysim.config import dump_config
     from raysim.metrics.results import write_results
     from raysim.runtime.session import run_session
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(dump_config(prep.cfg))
-    results = run_session(prep, on_round=on_round, out_dir=out_dir, resume=resume)
-    write_results(out_dir, prep, results)
+    stage = rundir.begin(
+        out_dir,
+        dump_config(prep.cfg),
+        prep.cfg.rounds,
+        overwrite,
+        resume=resume is not None if resuming is None else resuming,
+    )
+    try:
+        results = run_session(prep, on_round=on_round, out_dir=stage, resume=resume)
+        write_results(stage, prep, results)
+    except ConfigError as exc:  # refused before a round ran (e.g. workers that cannot fit)
+        if not (stage / "metrics.parquet").exists() and resume is None:
+            shutil.rmtree(stage)
+        else:
+            rundir.mark_interrupted(stage, exc)
+        raise
+    except BaseException as exc:
+        rundir.mark_interrupted(stage, exc)
+        raise
+    rundir.commit(stage, out_dir)
     return results

@@ -14,7 +14,8 @@ import numpy as np
 from raysim.privacy import PrivacyLedger
 
 
-def privacy_report(prep: Any) -> dict[str, Any]:
+def privacy_report(prep: Any, schedule: bool = True) -> dict[str, Any]:
+    """Planned spend; ``schedule`` adds eps after every round per train size (long)."""
     cfg, algo, env = prep.cfg, prep.algorithm, prep.env
     p = cfg.privacy
     out: dict[str, Any] = {"mode": p.mode, "delta": p.delta, "target_epsilon": p.epsilon}
@@ -38,5 +39,36 @@ def privacy_report(prep: Any) -> dict[str, Any]:
         for n, client in groups.items():
             per_round[f"train_size={n}"].append(ledger.epsilon(client))
     out["epsilon"] = max(v[-1] for v in per_round.values())
-    out["epsilon_per_round"] = per_round
+    out["rounds"] = cfg.rounds
+    out["clients"] = int(len(env.train_sizes))
+    out["train_sizes"] = sorted(groups)
+    if schedule:
+        out["epsilon_per_round"] = per_round
     return out
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_fmt(v)}" for k, v in value.items())
+    if isinstance(value, list) and len(value) > 8:
+        return f"{len(value)} values, {_fmt(value[0])} .. {_fmt(value[-1])}"
+    return str(value)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """A few lines a person reads: what is spent, by what noise; the schedule is in --json."""
+    if report["mode"] == "none":
+        return "privacy.mode none: no differential privacy, eps = ∞ (nothing is accounted)"
+    lines = [
+        f"privacy.mode {report['mode']}: eps {_fmt(report['epsilon'])} at delta "
+        f"{report['delta']:g} over {report.get('rounds', '?')} rounds (target "
+        f"{_fmt(report['target_epsilon'])}; every client in every round, the worst case)",
+        f"noise multiplier: {_fmt(report.get('noise_multiplier'))}",
+    ]
+    skip = {"mode", "epsilon", "delta", "rounds", "target_epsilon", "noise_multiplier"}
+    skip |= {"epsilon_per_round"}
+    lines += [f"{k.replace('_', ' ')}: {_fmt(v)}" for k, v in report.items() if k not in skip]
+    lines.append("(eps after every round: raysim privacy CONFIG --json)")
+    return "\n".join(lines)

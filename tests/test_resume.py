@@ -11,6 +11,7 @@ from algorithms import Environment, get_algorithm
 from raysim.cli import main
 from raysim.config import load_config
 from raysim.experiment import prepare, run_prepared
+from raysim.rundir import staging_dir, unfinished
 from raysim.runtime.checkpoint import CHECKPOINT
 
 ROUNDS = 3
@@ -59,12 +60,18 @@ def test_killed_run_resumes_to_identical_results(whole, tmp_path):
 
     with pytest.raises(DriverDied):
         run_prepared(_prep(), died, on_round=die_after_round_2)
-    assert (died / CHECKPOINT).is_file()
-    partial = _table(died, "metrics.parquet")  # rounds already done are on disk
+    stage = staging_dir(died)  # the run is written beside its target until it is complete
+    assert not died.exists()
+    assert (stage / CHECKPOINT).is_file()
+    partial = _table(stage, "metrics.parquet")  # rounds already done are on disk
     assert list(partial["round"]) == [1, 2]
-    assert not (died / "summary.json").exists()
+    assert not (stage / "summary.json").exists()
+    state = unfinished(died)
+    assert (state.status, state.rounds_done, state.rounds) == ("failed", 2, ROUNDS)
+    assert "DriverDied" in state.error
 
     assert main(["run", "--resume", str(died)]) == 0
+    assert not stage.exists()
     _assert_same(whole, died)
 
 

@@ -29,9 +29,9 @@ def plot_sweep(df: pd.DataFrame, sweep: Sweep, out: Path) -> list[Path]:
             eps=("epsilon", "mean"), acc=("accuracy", "mean")
         )
         g = g.sort_values("eps")
-        ax.plot(g["eps"], g["acc"], marker="o", label=str(algo))
+        ax.plot(g["eps"], 100 * g["acc"], marker="o", label=str(algo))
     ax.set_xlabel("epsilon spent")
-    ax.set_ylabel("final test accuracy")
+    ax.set_ylabel("final test accuracy (%)")
     ax.set_title(f"{sweep.name}: privacy-utility")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
@@ -45,9 +45,9 @@ def plot_sweep(df: pd.DataFrame, sweep: Sweep, out: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6, 4))
         for algo, g in ok.groupby("algorithm"):
             g = g.groupby(key)["accuracy"].mean().sort_index()
-            ax.plot(g.index, g.values, marker="o", label=str(algo))
+            ax.plot(g.index, 100 * g.values, marker="o", label=str(algo))
         ax.set_xlabel(key)
-        ax.set_ylabel("final test accuracy")
+        ax.set_ylabel("final test accuracy (%)")
         if "loguniform" in sweep.space[key]:
             ax.set_xscale("log")
         if ax.get_legend_handles_labels()[0]:

@@ -18,13 +18,15 @@ Every value a trial may take is validated against the experiment schema here, be
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
-from raysim.config import ConfigError, apply_overrides, build_config
+from raysim.config import ConfigError, apply_overrides, build_config, format_validation_error
 
 KINDS = ("grid", "choice", "loguniform", "uniform", "randint")
 TOP_KEYS = {"base", "name", "set", "metric", "mode", "num_samples", "space", "scheduler"}
@@ -103,13 +105,25 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
     if not isinstance(space, dict) or not space:
         raise ConfigError("sweep file: `space` must map dotted config keys to {grid|choice|...}")
     from algorithms import get_algorithm
+    from raysim.compare import for_algorithm
 
+    dropped: set[str] = set()
     for key, spec in space.items():
         for value in _values(key, spec):
             try:
-                get_algorithm(trial_config(base, {key: value}).algorithm.name)
+                cfg = for_algorithm(trial_config(base, {key: value}), quiet=True)
+                algo = get_algorithm(cfg.algorithm.name)
+                algo.Params(**(cfg.algorithm.model_extra or {}))  # its own keys, before Ray
             except ConfigError as exc:
                 raise ConfigError(f"space.{key} = {value!r}: {exc}") from None
+            except ValidationError as exc:
+                msg = format_validation_error(exc, algo.Params, prefix="algorithm")
+                raise ConfigError(f"space.{key} = {value!r}: {msg}") from None
+            extra = set(trial_config(base, {key: value}).algorithm.model_extra or {})
+            dropped |= {f"{cfg.algorithm.name}: {k}" for k in extra - set(algo.Params.model_fields)}
+    for item in sorted(dropped):  # as `raysim compare`: one file serves every algorithm
+        name, key = item.split(": ")
+        print(f"raysim: {name} does not take algorithm.{key}: left out", file=sys.stderr)
     mode = raw.get("mode", "max")
     if mode not in ("max", "min"):
         raise ConfigError(f"sweep file: mode must be max or min, got {mode!r}")

@@ -74,12 +74,13 @@ def _tuner(sweep: Sweep, args: argparse.Namespace, storage: Path):
 def trial_rows(grid: Any, sweep: Sweep) -> list[dict[str, Any]]:
     rows = []
     for result in grid:
-        cfg = trial_config(sweep.base, result.config)
+        params = result.config or {}  # None for a trial that never started
+        cfg = trial_config(sweep.base, params)
         m = result.metrics or {}
         rows.append(
             {
                 "trial_id": m.get("trial_id"),
-                **{k: result.config.get(k) for k in sweep.space},
+                **{k: params.get(k) for k in sweep.space},
                 "algorithm": cfg.algorithm.name,
                 "epsilon_budget": cfg.privacy.epsilon if cfg.privacy.mode != "none" else None,
                 "rounds_done": m.get("round"),
@@ -88,11 +89,67 @@ def trial_rows(grid: Any, sweep: Sweep) -> list[dict[str, Any]]:
                 "ari": m.get("ari"),
                 "accuracy_min": m.get("accuracy_min"),
                 "epsilon": m.get("epsilon"),
-                "error": None if result.error is None else type(result.error).__name__,
+                "error": None if result.error is None else _error_text(result.error),
                 "path": result.path,
             }
         )
     return rows
+
+
+def _error_text(error: BaseException) -> str:
+    """The root cause in one line (Tune wraps the trial's exception in a RayTaskError)."""
+    cause = getattr(error, "cause", None) or error
+    first = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {first[-1] if first else ''}".rstrip(": ")
+
+
+def size_to_cluster(sweep: Sweep, nodes: list[dict[str, float]]) -> None:
+    """Where the sweep pins no runtime.cpus_per_worker, give each trial's workers the share of
+    the largest node that lets a trial run (at most 1 CPU each), instead of a request that waits
+    forever."""
+    from raysim.runtime.resources import sized_cpus_per_worker
+
+    pinned = "cpus_per_worker" in (sweep.base.get("runtime") or {})
+    if pinned or "runtime.cpus_per_worker" in sweep.space:
+        return
+    rt = trial_config(sweep.base, {}).runtime
+    cpus = sized_cpus_per_worker(rt.num_workers, nodes)
+    if cpus < rt.cpus_per_worker and cpus > 0:
+        sweep.base.setdefault("runtime", {})["cpus_per_worker"] = cpus
+        print(
+            f"raysim: trials sized to this cluster: {rt.num_workers} workers x {cpus:g} CPU "
+            "each (set runtime.cpus_per_worker to choose)",
+            file=sys.stderr,
+        )
+
+
+def check_trials(sweep: Sweep, nodes: list[dict[str, float]]) -> None:
+    """Every trial's placement group must fit the cluster (or, on an autoscaling cluster, a
+    node type), else ConfigError with the fix: Tune itself would wait forever."""
+    from raysim.runtime.resources import check_request, node_types
+    from raysim.runtime.session import gpus_per_worker
+
+    cluster_gpus = sum(n.get("GPU", 0.0) for n in nodes)
+    variants: list[dict[str, Any]] = [{}]
+    for key, spec in sweep.space.items():
+        ((kind, values),) = spec.items()
+        if key.startswith("runtime.") and kind in ("grid", "choice"):
+            variants += [{key: v} for v in values]
+    notes = set()
+    for params in variants:
+        rt = trial_config(sweep.base, params).runtime
+        types = node_types() if rt.address else None
+        note = check_request(rt, gpus_per_worker(rt, cluster_gpus), nodes, True, types)
+        if note:
+            notes.add(note)
+    for note in sorted(notes):
+        print(f"raysim: {note}", file=sys.stderr)
+
+
+def _unfinished_trials(grid: Any) -> int:
+    analysis = getattr(grid, "_experiment_analysis", None)
+    trials = getattr(analysis, "trials", None) or []
+    return sum(t.status not in ("TERMINATED", "ERROR") for t in trials)
 
 
 def sweep_main(args: argparse.Namespace) -> int:
@@ -100,14 +157,18 @@ def sweep_main(args: argparse.Namespace) -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     sweep = load_sweep(args.sweep, list(args.set or []))  # user mistakes fail before Ray
     out = Path(args.out or Path("runs") / f"sweep-{sweep.name}").resolve()
-    out.mkdir(parents=True, exist_ok=True)
     import pandas as pd
 
+    from raysim.runtime.resources import alive_nodes
     from raysim.runtime.session import ensure_ray
     from tune.plots import plot_sweep
 
     started = ensure_ray(trial_config(sweep.base, {}).runtime)
     try:
+        nodes = alive_nodes()
+        size_to_cluster(sweep, nodes)
+        check_trials(sweep, nodes)  # before Tune: it would wait forever on a misfit
+        out.mkdir(parents=True, exist_ok=True)
         grid = _tuner(sweep, args, out / TUNE_DIR).fit()
     finally:
         if started:
@@ -119,11 +180,25 @@ def sweep_main(args: argparse.Namespace) -> int:
     plot_sweep(df, sweep, out)
     best = df.sort_values(sweep.metric, ascending=sweep.mode == "min", na_position="last")
     cols = [*sweep.space, "accuracy", "loss", "ari", "epsilon", "rounds_done"]
-    print(best[[c for c in dict.fromkeys(cols) if c in best]].head(5).to_string(index=False))
+    shown = best[[c for c in dict.fromkeys(cols) if c in best]].head(5).copy()
+    for col in ("accuracy", "accuracy_min"):
+        if col in shown:
+            shown[col] = (100 * shown[col]).round(1)
+    print(shown.rename(columns={"accuracy": "accuracy %"}).to_string(index=False))
     print(f"sweep results: {out}", file=sys.stderr)
-    failed = int(df["error"].notna().sum())
-    if failed:
+    unfinished = _unfinished_trials(grid)
+    if unfinished:
         print(
-            f"raysim: {failed} of {len(df)} trials failed (see {out / TUNE_DIR})", file=sys.stderr
+            f"raysim: interrupted with {unfinished} trials unfinished; continue with "
+            f"`raysim sweep {args.sweep} --out {out} --resume`",
+            file=sys.stderr,
         )
-    return 1 if failed == len(df) else 0
+        return 130
+    failed = df[df["error"].notna()]
+    if len(failed):
+        print(f"raysim: {len(failed)} of {len(df)} trials failed:", file=sys.stderr)
+        for _, row in failed.iterrows():
+            values = ", ".join(f"{k}={row[k]}" for k in sweep.space)
+            print(f"  {values}: {row['error']} (logs: {row['path']})", file=sys.stderr)
+        return 1
+    return 0

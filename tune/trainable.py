@@ -46,11 +46,12 @@ def make_trainable(base: dict[str, Any]):
         from ray import tune
 
         from algorithms import Environment, get_algorithm
+        from raysim.compare import for_algorithm
         from raysim.experiment import prepare
         from raysim.metrics.results import write_results
         from raysim.runtime.session import run_session
 
-        cfg = trial_config(base, params)
+        cfg = for_algorithm(trial_config(base, params), quiet=True)  # as `raysim compare`
         cfg.runtime.progress = False
         bundles = tune.get_context().get_trial_resources().bundles
         gpus = float(bundles[-1].get("GPU", 0.0)) if len(bundles) > 1 else 0.0

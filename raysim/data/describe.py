@@ -20,7 +20,9 @@ def describe(fd: FederatedDataset) -> str:
         + (f", {fd.num_classes} classes" if fd.num_classes else "")
         + f", features {fd.feature_shape}, {fd.table.num_rows} rows, {fd.nbytes / 2**20:.1f} MiB",
         f"{fd.num_clients} clients in {fd.num_clusters} clusters {counts.tolist()}"
-        f" (minority: cluster {int(np.argmin(counts))})" + (f"; {extras}" if extras else ""),
+        # a minority exists only when the clusters differ in size (as in metrics/evaluation.py)
+        + (f" (minority: cluster {int(np.argmin(counts))})" if counts.min() < counts.max() else "")
+        + (f"; {extras}" if extras else ""),
         f"train samples per client min/median/max {_mmm(fd.train_sizes)}, "
         f"test {_mmm(fd.test_sizes)}",
     ]

@@ -134,11 +134,12 @@ def plot_run(run_dir: Path) -> None:
     ev = m.dropna(subset=["accuracy"]) if "accuracy" in m else m.iloc[0:0]
     fig, ax = plt.subplots(figsize=(6, 4))
     if len(ev):
-        ax.plot(ev["round"], ev["accuracy"], label="all clients", lw=2)
+        ax.plot(ev["round"], 100 * ev["accuracy"], label="all clients", lw=2)
         for col in sorted(c for c in m.columns if c.startswith("accuracy_cluster_")):
-            ax.plot(ev["round"], ev[col], label=col.removeprefix("accuracy_"), lw=1, alpha=0.8)
+            lbl = col.removeprefix("accuracy_")
+            ax.plot(ev["round"], 100 * ev[col], label=lbl, lw=1, alpha=0.8)
     ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel("test accuracy (%)")
     title = f"{summary['algorithm']} on {summary['dataset']}"
     if summary.get("warning"):
         title += "\n(cluster identifiers not private)"
@@ -148,7 +149,10 @@ def plot_run(run_dir: Path) -> None:
     fig.savefig(run_dir / "accuracy.png", dpi=100)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(m["round"], m["epsilon"], marker=".")
+    if summary.get("privacy_mode") == "none":  # nothing accounted: eps is infinite, not 0
+        ax.text(0.5, 0.5, "no DP: eps = ∞", ha="center", va="center", transform=ax.transAxes)
+    else:
+        ax.plot(m["round"], m["epsilon"], marker=".")
     ax.set_xlabel("round")
     ax.set_ylabel(f"epsilon spent (delta={summary['delta']})")
     fig.tight_layout()

@@ -17,6 +17,7 @@ Neighbouring relations (what "one unit of privacy" means):
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 from collections.abc import Sequence
@@ -103,6 +104,19 @@ class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):
                 eps = event.epsilon
                 self._rdp += count * np.minimum(self._orders * eps * eps / 8.0, eps)
             return None
+        if isinstance(event, dpa.ComposedDpEvent) and do_compose:
+            # RDP adds up under composition, so k identical events (e.g. the same DP-SGD round
+            # charged every round) cost k times one: computing each distinct event once makes
+            # calibration and `raysim privacy` an order of magnitude faster, with equal numbers.
+            try:
+                distinct = collections.Counter(event.events)
+            except TypeError:  # an unhashable event: compose one by one
+                distinct = None
+            if distinct is not None:
+                for e, k in distinct.items():
+                    if (err := self._maybe_compose(e, count * k, do_compose)) is not None:
+                        return err
+                return None
         return super()._maybe_compose(event, count, do_compose)
 
 

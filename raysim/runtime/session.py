@@ -19,6 +19,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raysim.config import RuntimeConfig
 from raysim.runtime.checkpoint import save_checkpoint, write_partial_metrics
 from raysim.runtime.coordinator import Coordinator
+from raysim.runtime.resources import check_cluster
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ def run_session(
     try:
         if gpus is None:
             gpus = gpus_per_worker(rt, ray.cluster_resources().get("GPU", 0.0))
+        if ray.util.get_current_placement_group() is None:  # a Tune trial's bundles are checked
+            check_cluster(rt, gpus)  # by the sweep; a request that can never be met stops here
         data_ref = ray.put(prep.dataset)  # once: workers read it zero-copy
         blob = resume
         done, rows = 0, []

@@ -1,0 +1,167 @@
+"""Run directories that are never lost or mixed.
+
+A run writes into a staging directory beside its target (``OUT.incomplete``) and the finished
+directory is moved into place with a rename, so ``OUT`` is always either a whole run or absent:
+a crash never leaves a mix of a new run's config with an old run's summary. The staging directory
+holds ``status.json`` (running / interrupted, rounds done, the error), the checkpoint and the
+metrics written so far: ``raysim run --resume OUT`` continues it and ``raysim report`` says that
+it is unfinished. ``--out`` onto an existing run refuses unless the caller asks to overwrite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from raysim.config import ConfigError
+
+SUFFIX = ".incomplete"
+STATUS = "status.json"
+
+
+def staging_dir(out: Path) -> Path:
+    return out.with_name(out.name + SUFFIX)
+
+
+def target_of(path: Path) -> Path:
+    """The run directory a staging directory will become (``path`` itself if not staging)."""
+    return path.with_name(path.name.removesuffix(SUFFIX)) if path.name.endswith(SUFFIX) else path
+
+
+def _is_run(path: Path) -> bool:
+    return (path / "config.yaml").is_file()
+
+
+def check_target(out: Path, overwrite: bool) -> None:
+    """Refuse (ConfigError) to write a run onto existing results unless ``overwrite``; never
+    replace a non-empty directory that is not a run, even then."""
+    stage = staging_dir(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} exists and is not a directory")
+    occupied = out.is_dir() and any(out.iterdir())
+    if occupied and not _is_run(out):
+        raise ConfigError(
+            f"--out {str(out)!r} is a non-empty directory that holds no run (no config.yaml): "
+            "choose another --out"
+        )
+    if overwrite:
+        return
+    if occupied:
+        raise ConfigError(
+            f"--out {str(out)!r} already holds a run: pass --overwrite to replace it, or choose "
+            "another --out"
+        )
+    if stage.is_dir():
+        raise ConfigError(
+            f"an unfinished run is in {str(stage)!r}: continue it with `raysim run --resume "
+            f"{out}`, or pass --overwrite to start over"
+        )
+
+
+def read_status(stage: Path) -> dict:
+    path = stage / STATUS
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_status(stage: Path, **fields: object) -> None:
+    path = stage / STATUS
+    old = read_status(stage)
+    tmp = path.with_name(STATUS + ".tmp")
+    tmp.write_text(json.dumps({**old, **fields}, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def begin(out: Path, config_text: str, rounds: int, overwrite: bool, resume: bool) -> Path:
+    """The staging directory to run in: a fresh one, or (``resume``) the existing one."""
+    stage = staging_dir(out)
+    if resume:
+        if not stage.is_dir():
+            stage.mkdir(parents=True)
+            (stage / "config.yaml").write_text(config_text)
+        write_status(stage, status="running", resumed=time.strftime("%Y-%m-%d %H:%M:%S"))
+        return stage
+    check_target(out, overwrite)
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    (stage / "config.yaml").write_text(config_text)
+    write_status(
+        stage,
+        status="running",
+        rounds=rounds,
+        overwrite=overwrite,
+        started=time.strftime("%Y-%m-%d %H:%M:%S"),
+        pid=os.getpid(),
+    )
+    return stage
+
+
+def mark_interrupted(stage: Path, exc: BaseException) -> None:
+    kind = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+    write_status(stage, status=kind, error=f"{type(exc).__name__}: {exc}".rstrip(": "))
+
+
+def commit(stage: Path, out: Path) -> None:
+    """Move the finished staging directory into place (rename; an old run is swapped out)."""
+    (stage / STATUS).unlink(missing_ok=True)
+    if out.exists():
+        old = out.with_name(f"{out.name}.replaced-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(stage, out)
+        shutil.rmtree(old)
+    else:
+        os.replace(stage, out)
+
+
+@dataclass
+class Unfinished:
+    path: Path
+    status: str
+    rounds_done: int
+    rounds: int | None
+    error: str | None
+
+    def describe(self) -> str:
+        of = f" of {self.rounds}" if self.rounds else ""
+        why = {"running": "still running, or killed"}.get(self.status, self.status)
+        err = f": {self.error}" if self.error else ""
+        return (
+            f"{self.path}: unfinished ({why}{err}) after round {self.rounds_done}{of}; "
+            f"continue it with `raysim run --resume {target_of(self.path)}`"
+        )
+
+
+def unfinished(path: Path) -> Unfinished | None:
+    """The state of an unfinished run at ``path`` (its staging dir or its target), else None."""
+    stage = path if path.name.endswith(SUFFIX) else staging_dir(path)
+    if not stage.is_dir():
+        return None
+    status = read_status(stage)
+    done = 0
+    if (stage / "metrics.parquet").is_file():
+        import pyarrow.parquet as pq
+
+        done = pq.read_metadata(stage / "metrics.parquet").num_rows
+    return Unfinished(
+        stage, status.get("status", "running"), done, status.get("rounds"), status.get("error")
+    )
+
+
+def find_runs(root: Path) -> tuple[list[Path], list[Unfinished]]:
+    """Finished runs (directories with summary.json) and unfinished ones at or under ``root``."""
+    if (root / "summary.json").is_file() and not root.name.endswith(SUFFIX):
+        return [root], []
+    if root.name.endswith(SUFFIX) or staging_dir(root).is_dir() and not root.is_dir():
+        info = unfinished(root)
+        return [], [info] if info else []
+    done = sorted(
+        p.parent
+        for p in root.rglob("summary.json")
+        if not any(part.endswith(SUFFIX) for part in p.parent.relative_to(root).parts)
+    )
+    stages = sorted(p for p in root.rglob("*" + SUFFIX) if p.is_dir())
+    return done, [u for s in stages if (u := unfinished(s)) is not None]

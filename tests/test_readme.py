@@ -1,0 +1,177 @@
+"""Every `raysim` command in the README's code blocks runs, in its documented form, with tiny
+sizes added as `--set` overrides (placeholders such as CONFIG filled in, optional [...] parts
+left out). A README command without a case here fails `test_every_readme_command_is_covered`,
+so README and code cannot drift apart."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import RAY_TIMEOUT_S
+
+from raysim.cli import main
+
+ROOT = Path(__file__).parents[1]
+DEMO = ROOT / "raysim" / "demo.yaml"
+FMNIST = Path("/usr/share/datasets/fashion-mnist")
+needs_fmnist = pytest.mark.skipif(not FMNIST.is_dir(), reason="Fashion-MNIST not installed")
+
+QUICK = ["runtime.progress=false", f"runtime.round_timeout_s={RAY_TIMEOUT_S}"]
+TINY_DEMO = ["rounds=2", *QUICK]
+TINY_FMNIST = [  # the papers' configs cut down: 8 clients of 60 images, 1 round
+    "rounds=1",
+    "data.num_clients=8",
+    "data.cluster_sizes=[2, 2, 2, 2]",
+    "data.cluster_ratios=null",
+    "data.samples_per_client=60",
+    "training.local_epochs=1",
+    "training.sampling_rate=1.0",
+    *QUICK,
+]
+CLUSTER_HERE = ["runtime.address=null", "runtime.num_workers=2", "runtime.gpus_per_worker=auto"]
+
+
+def readme_commands() -> list[str]:
+    """`raysim ...` invocations in the README's bash blocks, continuations joined."""
+    text = (ROOT / "README.md").read_text()
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            m = re.search(r"(?:^|&&\s+|\s--\s+)(raysim(?:\s.*)?)$", line)
+            if m:
+                found.append(" ".join(m.group(1).split()))
+    return found
+
+
+# README command -> (extra --set overrides, needs Fashion-MNIST). The order is the README's.
+CASES: dict[str, tuple[list[str], bool]] = {
+    "raysim run": (TINY_DEMO, False),
+    "raysim run [CONFIG] [--set key=value ...] [--out DIR] [--algorithms a,b] [--overwrite]": (
+        TINY_DEMO,
+        False,
+    ),
+    "raysim report DIR [DIR ...]": ([], False),
+    "raysim data describe [CONFIG]": ([], False),
+    "raysim privacy [CONFIG] [--json]": ([], False),
+    "raysim compare CONFIG --algorithms rdpcfl,ifca,fedavg,local --seeds 0,1,2": (
+        ["rounds=1", *QUICK],
+        False,
+    ),
+    "raysim sweep SWEEP.yaml [--scheduler asha]": ([], False),
+    "raysim --help": ([], False),
+    "raysim compare configs/rdpcfl_fmnist_rotation.yaml --algorithms rdpcfl,ifca,local,fedavg "
+    "--seeds 0,1,2,3 --set rounds=18 --inline": (TINY_FMNIST, True),
+    "raysim sweep tune/sweeps/rdpcfl_eps_x_algorithm.yaml --out runs/sweep-eps [--num-samples N] "
+    "[--scheduler asha] [--set rounds=6] [--max-concurrent 2]": (TINY_FMNIST, True),
+    "raysim sweep tune/sweeps/rdpcfl_eps_x_algorithm.yaml --out runs/sweep-eps --resume": (
+        TINY_FMNIST,
+        True,
+    ),
+    "raysim run --resume runs/demo-20260101-120000": ([], False),
+    "raysim run configs/rdpcfl_fmnist_rotation.yaml --out /tmp/runs/fmnist "
+    "--set runtime.address=auto --set runtime.num_workers=16 --set runtime.gpus_per_worker=0.25": (
+        [*CLUSTER_HERE, *TINY_FMNIST],
+        True,
+    ),
+    "raysim sweep tune/sweeps/rdpcfl_eps_x_algorithm.yaml --set runtime.address=auto "
+    "--out /tmp/sweeps/eps": ([*CLUSTER_HERE, *TINY_FMNIST], True),
+}
+
+
+def test_every_readme_command_is_covered():
+    assert readme_commands() == list(CASES)
+
+
+def _argv(command: str, tmp: Path, extra: list[str]) -> list[str]:
+    """The documented tokens (optional parts dropped, placeholders and example paths filled
+    in), then the tiny overrides (a later --set wins)."""
+    command = re.sub(r"\s*\[[^\]]*\]", "", command)
+    fill = {
+        "CONFIG": str(DEMO),
+        "DIR": str(tmp / "demo-run"),
+        "SWEEP.yaml": str(tmp / "tiny-sweep.yaml"),
+        "/tmp/runs/fmnist": str(tmp / "runs-fmnist"),
+        "/tmp/sweeps/eps": str(tmp / "sweeps-eps"),
+    }
+    tokens = [fill.get(t, t) for t in shlex.split(command)][1:]
+    return tokens + sum((["--set", s] for s in extra), [])
+
+
+def _prepare(command: str, tmp: Path) -> None:
+    """What a command needs to exist first: a finished run, an interrupted one, a sweep file."""
+    if " DIR" in command and "report" in command:
+        assert main(["run", "--out", str(tmp / "demo-run"), *_argv("", tmp, TINY_DEMO)]) == 0
+    if "--resume runs/demo" in command:
+        from algorithms import Environment, get_algorithm
+        from raysim.config import load_config
+        from raysim.experiment import prepare, run_prepared
+
+        cfg = load_config(DEMO, TINY_DEMO)
+        prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+
+        def stop(row):
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            run_prepared(prep, Path("runs/demo-20260101-120000"), on_round=stop)
+    if "SWEEP.yaml" in command:
+        sweep = {
+            "name": "tiny",
+            "base": str(DEMO),
+            "set": ["rounds=1", "runtime.num_workers=1", *QUICK],
+            "space": {"algorithm.name": {"grid": ["fedavg", "rdpcfl"]}},
+        }
+        (tmp / "tiny-sweep.yaml").write_text(yaml.safe_dump(sweep))
+    if command.endswith("--resume") and "sweep" in command:
+        first = command.removesuffix(" --resume")
+        assert (
+            main(
+                _argv(
+                    first,
+                    tmp,
+                    CASES[
+                        first + " [--num-samples N] [--scheduler asha] "
+                        "[--set rounds=6] [--max-concurrent 2]"
+                    ][0],
+                )
+            )
+            == 0
+        )
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """Run from a scratch directory holding the repository's configs/ and tune/ (as a clone)."""
+    for name in ("configs", "tune"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _params():
+    out = []
+    for i, (command, (_, fmnist)) in enumerate(CASES.items()):
+        marks = [needs_fmnist, pytest.mark.slow] if fmnist else []
+        out.append(pytest.param(command, marks=marks, id=f"{i}-{command.split()[1]}"))
+    return out
+
+
+@pytest.mark.parametrize("command", _params())
+def test_readme_command_runs(command, ray_session, in_tmp, capsys):
+    extra, _ = CASES[command]
+    _prepare(command, in_tmp)
+    argv = _argv(command, in_tmp, extra)
+    if argv == ["--help"]:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 0
+        return
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "Traceback" not in err

@@ -1,0 +1,137 @@
+"""Results are never lost or mixed: `--out` onto a run refuses, runs are staged beside their
+target and moved into place when complete, unfinished runs are marked and reported."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import small_config
+
+from raysim import rundir
+from raysim.cli import main
+from raysim.config import ConfigError
+
+
+def _sets(**kw):
+    return sum((["--set", s] for s in small_config(**kw)), [])
+
+
+def _fake_run(path, **summary):
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text("rounds: 1\n")
+    (path / "summary.json").write_text(json.dumps(summary))
+
+
+def test_check_target_refuses_existing_runs_and_foreign_dirs(tmp_path):
+    rundir.check_target(tmp_path / "new", overwrite=False)  # absent: fine
+    (tmp_path / "empty").mkdir()
+    rundir.check_target(tmp_path / "empty", overwrite=False)  # empty: fine
+    _fake_run(tmp_path / "run")
+    with pytest.raises(ConfigError, match="--overwrite"):
+        rundir.check_target(tmp_path / "run", overwrite=False)
+    rundir.check_target(tmp_path / "run", overwrite=True)
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_text("x")
+    for overwrite in (False, True):  # never replaced: it is not a run
+        with pytest.raises(ConfigError, match="holds no run"):
+            rundir.check_target(tmp_path / "photos", overwrite=overwrite)
+    rundir.staging_dir(tmp_path / "half").mkdir()
+    with pytest.raises(ConfigError, match="--resume"):
+        rundir.check_target(tmp_path / "half", overwrite=False)
+
+
+def test_commit_swaps_a_whole_run_in(tmp_path):
+    out = tmp_path / "out"
+    _fake_run(out, algorithm="old")
+    (out / "clients.parquet").write_text("old")
+    stage = rundir.begin(out, "rounds: 2\n", 2, overwrite=True, resume=False)
+    assert stage == rundir.staging_dir(out)
+    assert json.loads((stage / rundir.STATUS).read_text())["status"] == "running"
+    (stage / "summary.json").write_text('{"algorithm": "new"}')
+    rundir.commit(stage, out)
+    assert not stage.exists()
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "summary.json"]  # no mix
+    assert json.loads((out / "summary.json").read_text())["algorithm"] == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # the old run is gone
+
+
+def test_find_runs_and_unfinished(tmp_path):
+    _fake_run(tmp_path / "a" / "fedavg")
+    _fake_run(tmp_path / "a" / "local")
+    stage = rundir.begin(tmp_path / "a" / "rdpcfl", "x: 1\n", 20, False, False)
+    rundir.mark_interrupted(stage, KeyboardInterrupt())
+    done, unfinished = rundir.find_runs(tmp_path / "a")
+    assert [d.name for d in done] == ["fedavg", "local"]
+    (u,) = unfinished
+    assert (u.status, u.rounds_done, u.rounds) == ("interrupted", 0, 20)
+    text = u.describe()
+    assert "unfinished (interrupted" in text and "raysim run --resume" in text
+    assert str(tmp_path / "a" / "rdpcfl") in text
+    assert rundir.find_runs(tmp_path / "a" / "fedavg") == ([tmp_path / "a" / "fedavg"], [])
+
+
+def test_run_onto_an_existing_run_refuses_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "out"
+    _fake_run(out, algorithm="fedavg")
+    before = sorted(p.name for p in out.iterdir())
+    assert main(["run", "--out", str(out), *_sets()]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "--overwrite" in err and "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert not rundir.staging_dir(out).exists()
+
+
+def test_overwrite_replaces_and_interrupt_leaves_old_run_intact(ray_session, tmp_path, capsys):
+    from algorithms import Environment, get_algorithm
+    from raysim.config import load_config
+    from raysim.experiment import prepare, run_prepared
+
+    out = tmp_path / "out"
+    assert main(["run", "--out", str(out), *_sets(rounds=1)]) == 0
+    first = (out / "summary.json").read_text()
+
+    def interrupt(row):
+        raise KeyboardInterrupt
+
+    cfg = load_config(None, small_config(rounds=2, seed=1))
+    prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+    with pytest.raises(KeyboardInterrupt):
+        run_prepared(prep, out, on_round=interrupt, overwrite=True)
+    assert (out / "summary.json").read_text() == first  # the old run is untouched
+    capsys.readouterr()
+    assert main(["report", str(tmp_path)]) == 0  # the finished run, and a note on the other
+    captured = capsys.readouterr()
+    assert "unfinished (interrupted" in captured.err and "after round 1 of 2" in captured.err
+    assert "fedavg" in captured.out
+    assert main(["report", str(rundir.staging_dir(out))]) == 2  # only an unfinished run
+    assert main(["run", "--resume", str(out)]) == 0  # finishes it and moves it into place
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seed"] == 1 and summary["rounds"] == 2
+    assert not rundir.staging_dir(out).exists()
+
+
+def test_report_accepts_a_directory_of_runs(ray_session, tmp_path, capsys):
+    out = tmp_path / "demo"
+    sets = _sets(rounds=1, **{"privacy.mode": "none"})
+    assert main(["run", "--out", str(out), "--algorithms", "fedavg,local", *sets]) == 0
+    assert (out / "comparison.png").is_file()
+    capsys.readouterr()
+    (out / "comparison.png").unlink()
+    assert main(["report", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert str(out / "fedavg") in text and str(out / "local") in text
+    assert "All %" in text and "accuracy in %" in text
+    assert "∞ (no DP)" in text and "0.00" not in text  # a non-private run is not "eps 0"
+    assert (out / "comparison.png").is_file()
+
+
+def test_compare_refuses_to_overwrite_its_runs(tmp_path, capsys):
+    from raysim.compare import main as compare_main
+
+    _fake_run(tmp_path / "out" / "fedavg" / "seed0")
+    argv = ["--algorithms", "fedavg", "--seeds", "0", "--out", str(tmp_path / "out")]
+    assert compare_main([str(tmp_path / "none.yaml"), *argv]) == 2  # a missing config first
+    (tmp_path / "c.yaml").write_text("rounds: 1\n")
+    assert compare_main([str(tmp_path / "c.yaml"), *argv]) == 2
+    assert "--overwrite" in capsys.readouterr().err

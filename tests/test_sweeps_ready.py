@@ -1,0 +1,91 @@
+"""Every ready sweep runs as written on a 2-CPU machine: its trials fit (sized to the machine),
+every trial's config is valid for its algorithm (another algorithm's keys left out), and a failed
+trial makes `raysim sweep` exit non-zero naming it."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import RAY_TIMEOUT_S
+
+from algorithms import get_algorithm
+from raysim.cli import main
+from raysim.compare import for_algorithm
+from raysim.config import ConfigError, RuntimeConfig
+from tune.space import load_sweep, trial_config
+from tune.sweep import check_trials, size_to_cluster
+
+SWEEPS = sorted((Path(__file__).parents[1] / "tune" / "sweeps").glob("*.yaml"))
+THIS_MACHINE = [{"CPU": 2.0}]
+FMNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+def _grid(sweep):
+    keys = list(sweep.space)
+    values = [next(iter(spec.values())) for spec in sweep.space.values()]
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_every_trial_fits_and_is_valid(path):
+    sweep = load_sweep(path)
+    with pytest.raises(ConfigError, match="a trial needs 2.01 CPUs"):  # as pinned before
+        check_trials(load_sweep(path, ["runtime.cpus_per_worker=1"]), THIS_MACHINE)
+    size_to_cluster(sweep, THIS_MACHINE)
+    check_trials(sweep, THIS_MACHINE)  # raises if a trial could never be placed
+    for params in _grid(sweep):
+        cfg = for_algorithm(trial_config(sweep.base, params), quiet=True)
+        algo = get_algorithm(cfg.algorithm.name)
+        algo.Params(**(cfg.algorithm.model_extra or {}))  # e.g. fedavg without eps_select
+        rt: RuntimeConfig = cfg.runtime
+        assert rt.num_workers * rt.cpus_per_worker + 0.01 <= 2.0
+
+
+def test_failed_trials_make_the_sweep_fail_naming_them(ray_session, tmp_path, capsys):
+    tiny = [
+        "rounds=2",
+        "algorithm.name=rdpcfl",
+        "algorithm.eps_select=5",  # one reserved selection at eps 5: a budget of 1 is refused
+        "data.dataset=digits",
+        "data.num_clients=6",
+        "data.cluster_sizes=[3, 3]",
+        "model.name=linear",
+        "privacy.delta=1e-3",
+        "runtime.num_workers=1",
+        f"runtime.round_timeout_s={RAY_TIMEOUT_S}",
+    ]
+    path = tmp_path / "s.yaml"
+    space = {"privacy.epsilon": {"grid": [1, 50]}}
+    path.write_text(yaml.safe_dump({"name": "fails", "set": tiny, "space": space}))
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "1 of 2 trials failed" in err
+    assert "privacy.epsilon=1:" in err and "cannot be met" in err
+    assert "privacy.epsilon=50" not in err
+
+
+CUT = [  # rounds and clients cut down; everything else as the sweep file says
+    "rounds=2",
+    "data.num_clients=8",
+    "data.cluster_sizes=[2, 2, 2, 2]",
+    "data.cluster_ratios=null",
+    "data.samples_per_client=60",
+    "training.local_epochs=1",
+    "training.sampling_rate=1.0",
+    f"runtime.round_timeout_s={RAY_TIMEOUT_S}",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not FMNIST.is_dir(), reason="Fashion-MNIST not installed")
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_ready_sweep_runs_cut_down(path, ray_session, tmp_path, capsys):
+    cut = list(CUT)
+    if path.stem == "rr_cluster_b_x_eps":  # B up to 12 needs q M / k >= 12 clients per group
+        cut += ["data.num_clients=48", "data.cluster_sizes=[12, 12, 12, 12]"]
+    sets = sum((["--set", s] for s in cut), [])
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out"), *sets]) == 0
+    assert (tmp_path / "out" / "trials.parquet").is_file()
