@@ -118,13 +118,6 @@ class ClusteredAlgorithm(FederatedAlgorithm):
         eps = getattr(self.params, "eps_select", 0.0) if count else 0.0
         return PrivacyNeeds(self.dpsgd_schedule, (count, eps) if count else (0, 0.0))
 
-    def privacy_summary(self) -> dict[str, Any]:
-        out = super().privacy_summary()
-        if self.reserved_selections():
-            out["reserved_selections"] = self.reserved_selections()
-            out["eps_select"] = self.params.eps_select
-        return out
-
     def selection_window(self) -> int:
         """How many rounds clients choose in (``selection_fraction`` of the run)."""
         return math.ceil(self.params.selection_fraction * self.cfg.rounds)

@@ -24,6 +24,15 @@ def privacy_report(prep: Any, schedule: bool = True) -> dict[str, Any]:
     if p.mode == "none":
         out.update(epsilon=float("inf"), epsilon_per_round={})
         return out
+    if p.mode == "dprivacy":  # metric leakage, not (eps, delta): n / nu per release
+        per_release = algo.privacy.release_leakage(int(env.init_weights.numel()))
+        out.update(
+            rounds=cfg.rounds,
+            leakage_per_release=per_release,
+            leakage_worst_case=per_release * cfg.rounds,
+            leakage_cap=p.leakage_cap,
+        )
+        return out
     ledger = PrivacyLedger(delta=p.delta, accountant=p.accountant, budget=None)
     everyone = list(range(len(env.train_sizes)))
     # One representative client per train size: clients of one size spend alike.
@@ -61,6 +70,14 @@ def format_report(report: dict[str, Any]) -> str:
     """A few lines a person reads: what is spent, by what noise; the schedule is in --json."""
     if report["mode"] == "none":
         return "privacy.mode none: no differential privacy, eps = ∞ (nothing is accounted)"
+    if report["mode"] == "dprivacy":
+        return (
+            f"privacy.mode dprivacy (metric local DP, nu {report['nu']:g}): each release leaks "
+            f"eps * ||delta|| = n / nu = {report['leakage_per_release']:.4g}; a client in every "
+            f"one of the {report['rounds']} rounds leaks {report['leakage_worst_case']:.4g} in "
+            f"total (cap: {_fmt(report['leakage_cap'])}). Not (eps, delta)-DP: the noise scale "
+            "reveals ||delta||, and the cluster choice is public."
+        )
     lines = [
         f"privacy.mode {report['mode']}: eps {_fmt(report['epsilon'])} at delta "
         f"{report['delta']:g} over {report.get('rounds', '?')} rounds (target "

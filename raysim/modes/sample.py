@@ -31,7 +31,11 @@ class SampleLevel(PrivacyMode):
         )
 
     def summary(self) -> dict[str, Any]:
-        return {**super().summary(), **self.plan.summary()}
+        out = {**super().summary(), **self.plan.summary()}
+        count, eps = self.needs.selections
+        if count:
+            out.update(reserved_selections=count, eps_select=eps)
+        return out
 
     def train_overrides(self, client: int) -> dict[str, Any]:
         return {
