@@ -18,7 +18,7 @@ from raysim.config import ExperimentConfig
 from raysim.metrics.evaluation import round_metrics
 from raysim.privacy import PrivacyLedger
 from raysim.protocol import EvalReport, RoundPlan
-from raysim.runtime.pool import WorkerPool, balance_shards
+from raysim.runtime.pool import WorkerPool, balance_groups, client_groups, group_size
 from raysim.runtime.worker import ClientWorker
 from raysim.seeding import SERVER, numpy_rng
 
@@ -85,15 +85,18 @@ class Coordinator:
                 cfg.seed,
                 rt.threads_per_worker,
                 num_gpus_per_worker,
+                rt.vectorize,
             )
 
+        self.group_size = group_size(rt.client_group_size, num_gpus_per_worker)
         self.pool = WorkerPool(make_worker, size, rt.round_timeout_s)
 
     # -- helpers -------------------------------------------------------------------------------
     def _shards(self, plan: RoundPlan) -> list[tuple[int, list[Any]]]:
         if self.cfg.runtime.actor_per_client:  # each client pinned to its own actor
-            return [(t.client_id, [t]) for t in plan.tasks]
-        return list(enumerate(balance_shards(plan.tasks, len(self.pool.workers))))
+            return [(t.client_id, [[t]]) for t in plan.tasks]
+        groups = client_groups(plan.tasks, self.group_size)
+        return list(enumerate(balance_groups(groups, len(self.pool.workers))))
 
     def _execute(self, kind: str, plan: RoundPlan) -> list[Any]:
         for t in plan.tasks:  # client state lives here and travels with the task

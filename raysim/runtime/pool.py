@@ -30,6 +30,38 @@ def balance_shards(tasks: list[ClientTask], num_shards: int) -> list[list[Client
     return [s for s in shards if s]
 
 
+# Clients per vectorized group with `runtime.client_group_size: auto`. On a GPU a group of 32
+# batch-16 CNN steps still underfills it; on this project's 2-core CPUs a cross-client vmap was
+# measured slower than one client at a time (docs/speed.md), so there groups are single clients.
+AUTO_GROUP_GPU, AUTO_GROUP_CPU = 32, 1
+
+
+def group_size(setting: int | str, gpus_per_worker: float) -> int:
+    if setting == "auto":
+        return AUTO_GROUP_GPU if gpus_per_worker > 0 else AUTO_GROUP_CPU
+    return int(setting)
+
+
+def client_groups(tasks: list[ClientTask], size: int) -> list[list[ClientTask]]:
+    """The units of vectorized training: the round's tasks in client-id order, cut every `size`.
+    Decided from the cohort alone, never from the workers, so any number of workers computes
+    the same groups and so the same bits."""
+    ordered = sorted(tasks, key=lambda t: t.client_id)
+    return [ordered[i : i + size] for i in range(0, len(ordered), max(size, 1))]
+
+
+def balance_groups(groups: list[list[ClientTask]], num_shards: int) -> list[list[list[ClientTask]]]:
+    """Shards made of whole groups, balanced largest-first (LPT) on the groups' total weight."""
+    shards: list[list[list[ClientTask]]] = [[] for _ in range(num_shards)]
+    heap = [(0, i) for i in range(num_shards)]
+    weight = [sum(t.weight for t in g) for g in groups]
+    for j in sorted(range(len(groups)), key=lambda j: (-weight[j], groups[j][0].client_id)):
+        load, i = heapq.heappop(heap)
+        shards[i].append(groups[j])
+        heapq.heappush(heap, (load + weight[j], i))
+    return [s for s in shards if s]
+
+
 class WorkerPool:
     def __init__(self, make_worker: Callable[[int], Any], size: int, timeout_s: float) -> None:
         self._make = make_worker
