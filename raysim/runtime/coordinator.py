@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,35 @@ def worker_placement() -> dict[str, Any]:
     return {"scheduling_strategy": "SPREAD"}
 
 
+def worker_factory(
+    cfg: ExperimentConfig, algorithm: Any, data_ref: Any, num_gpus_per_worker: float
+) -> Callable[[int], Any]:
+    """Starts ClientWorker actor i (used by the driver at start-up and by the pool to replace a
+    lost worker)."""
+    rt = cfg.runtime
+    actor = ray.remote(ClientWorker).options(
+        num_cpus=rt.cpus_per_worker,
+        num_gpus=num_gpus_per_worker,
+        max_restarts=-1,
+        **worker_placement(),
+    )
+    model_kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
+
+    def make_worker(i: int) -> Any:
+        return actor.remote(
+            algorithm,
+            [data_ref],
+            cfg.model.name,
+            model_kwargs,
+            cfg.seed,
+            rt.threads_per_worker,
+            num_gpus_per_worker,
+            rt.vectorize,
+        )
+
+    return make_worker
+
+
 class Coordinator:
     def __init__(
         self,
@@ -51,7 +81,10 @@ class Coordinator:
         dataset_box: list[Any],
         true_clusters: np.ndarray,
         num_gpus_per_worker: float,
+        workers: list[Any] | None = None,
     ) -> None:
+        """`workers`: ClientWorker actors the driver already started (in parallel with this
+        actor, docs/speed.md); None: start them here."""
         self.cfg = cfg
         self.algorithm = algorithm
         self.true_clusters = true_clusters
@@ -66,30 +99,10 @@ class Coordinator:
         self.history: list[dict[str, Any]] = []
         self.last_eval: list[EvalReport] = []
         rt = cfg.runtime
-        num_clients = len(true_clusters)
-        size = num_clients if rt.actor_per_client else rt.num_workers
-        actor = ray.remote(ClientWorker).options(
-            num_cpus=rt.cpus_per_worker,
-            num_gpus=num_gpus_per_worker,
-            max_restarts=-1,
-            **worker_placement(),
-        )
-        model_kwargs = {"hidden": cfg.model.hidden} if cfg.model.name == "mlp" else {}
-
-        def make_worker(i: int) -> Any:
-            return actor.remote(
-                algorithm,
-                dataset_box[0],
-                cfg.model.name,
-                model_kwargs,
-                cfg.seed,
-                rt.threads_per_worker,
-                num_gpus_per_worker,
-                rt.vectorize,
-            )
-
+        make_worker = worker_factory(cfg, algorithm, dataset_box[0], num_gpus_per_worker)
         self.group_size = group_size(rt.client_group_size, num_gpus_per_worker)
-        self.pool = WorkerPool(make_worker, size, rt.round_timeout_s)
+        size = len(true_clusters) if rt.actor_per_client else rt.num_workers
+        self.pool = WorkerPool(make_worker, size, rt.round_timeout_s, workers)
 
     # -- helpers -------------------------------------------------------------------------------
     def _shards(self, plan: RoundPlan) -> list[tuple[int, list[Any]]]:

@@ -63,9 +63,15 @@ def balance_groups(groups: list[list[ClientTask]], num_shards: int) -> list[list
 
 
 class WorkerPool:
-    def __init__(self, make_worker: Callable[[int], Any], size: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        make_worker: Callable[[int], Any],
+        size: int,
+        timeout_s: float,
+        workers: list[Any] | None = None,
+    ) -> None:
         self._make = make_worker
-        self.workers = [make_worker(i) for i in range(size)]
+        self.workers = list(workers) if workers else [make_worker(i) for i in range(size)]
         self.timeout_s = timeout_s
         self.replaced = 0
 

@@ -39,7 +39,11 @@ class ClientWorker:
     ) -> None:
         torch.set_num_threads(threads)
         self.algorithm = algorithm
-        self.dataset = dataset  # passed as a top-level ObjectRef: Ray resolves it zero-copy
+        if isinstance(dataset, list):  # [ObjectRef]: a boxed ref keeps Ray from warning that
+            import ray  # a restartable actor's constructor argument lives in the object store
+
+            dataset = ray.get(dataset[0])
+        self.dataset = dataset  # zero-copy views of the object store
         ds = dataset
         self.device = pick_device(num_gpus)
         model = build_model(model_name, ds.feature_shape, ds.num_classes, **model_kwargs)
