@@ -173,3 +173,14 @@ def test_train_many_falls_back_to_the_per_client_path():
     ]
     assert_same(a, ref.train_many(weights, data, cfg, gens()))
     assert ref._vec is not None
+
+
+def test_group_size_setting():
+    from raysim.config import ConfigError, load_config
+    from raysim.runtime.pool import group_size
+
+    with pytest.raises(ConfigError, match="runtime.client_group_size"):
+        load_config(None, ["runtime.client_group_size=0"])
+    assert load_config(None, ["runtime.client_group_size=8"]).runtime.client_group_size == 8
+    assert group_size("auto", 0.0) == 1 and group_size("auto", 0.5) == 32
+    assert group_size(5, 0.0) == 5

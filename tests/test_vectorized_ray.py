@@ -3,6 +3,7 @@ from the cohort, never from the shards)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import small_config
@@ -17,7 +18,10 @@ from raysim.runtime.pool import balance_groups, client_groups
 def _run(tmp_path, name, **overrides):
     cfg = load_config(None, small_config(**overrides))
     prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+    x_before = prep.dataset.client_train(0)[0].copy()
     run_prepared(prep, tmp_path / name)
+    # the driver read the object store during the run; afterwards it holds a private copy again
+    assert np.array_equal(prep.dataset.client_train(0)[0], x_before)
     table = pq.read_table(tmp_path / name / "metrics.parquet").to_pandas()
     return table.drop(columns=["round_seconds"])
 
