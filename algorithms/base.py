@@ -214,6 +214,35 @@ class FederatedAlgorithm(Algorithm):
     def client_step(self, task: ClientTask, ctx: ClientContext) -> ClientReport:
         return self.train_client(task, ctx, ctx.models[task.cluster or 0])
 
+    def client_steps(
+        self, tasks: list[ClientTask], ctxs: list[ClientContext]
+    ) -> list[ClientReport]:
+        """A fixed group of clients, decided by the engine from the cohort. Plain local training
+        (this class's client_step) runs as one vectorized group; an algorithm with its own
+        client_step gets it called once per client (override this to vectorize it too)."""
+        if type(self).client_step is not FederatedAlgorithm.client_step:
+            return [self.client_step(t, c) for t, c in zip(tasks, ctxs, strict=True)]
+        return self.train_clients(
+            tasks, ctxs, [c.models[t.cluster or 0] for t, c in zip(tasks, ctxs, strict=True)]
+        )
+
+    def train_clients(
+        self, tasks: list[ClientTask], ctxs: list[ClientContext], weights: list[torch.Tensor]
+    ) -> list[ClientReport]:
+        """train_client for a group: the same reports, through trainer.train_many."""
+        if not tasks:
+            return []
+        results = ctxs[0].trainer.train_many(
+            weights,
+            [c.train_data() for c in ctxs],
+            [t.train for t in tasks],
+            [c.generator("train") for c in ctxs],
+        )
+        return [
+            ClientReport(t.client_id, r.update, r.num_samples, t.cluster, r.train_loss)
+            for t, r in zip(tasks, results, strict=True)
+        ]
+
     # -- server ----------------------------------------------------------------------------------
     def aggregate(
         self, model: torch.Tensor, reports: list[Message] | SecureSums, rng: np.random.Generator

@@ -36,6 +36,19 @@ class Local(FederatedAlgorithm):
         report.state = start + report.withhold_update()
         return report
 
+    def client_steps(
+        self, tasks: list[ClientTask], ctxs: list[ClientContext]
+    ) -> list[ClientReport]:
+        """client_step for a group, through the vectorized trainer."""
+        starts = [
+            t.state if t.state is not None else c.models[0]
+            for t, c in zip(tasks, ctxs, strict=True)
+        ]
+        reports = self.train_clients(tasks, ctxs, starts)
+        for report, start in zip(reports, starts, strict=True):
+            report.state, report.update = start + report.update, None
+        return reports
+
     def server_step(
         self, state: None, plan: RoundPlan, reports: list[Message], rng: np.random.Generator
     ) -> ServerResult:

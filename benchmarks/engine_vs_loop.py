@@ -1,158 +1,282 @@
-"""Client updates per second: raysim's engine against a plain single-process PyTorch loop.
+"""What a user waits for: `raysim run` against a plain single-process PyTorch loop, whole process.
 
-Both do the same client computations (the Table-2 CNN on 28x28 inputs: Fashion-MNIST where it
-is installed, else synthetic images of that shape; local (DP-)SGD from the round's model) on
-the same machine, in the same run. The loop runs with one torch thread and with one per core
-(the faster counts); the engine gets one single-threaded worker actor per core. Usage:
+Workload W (configs/bench_w.yaml): 1000 Fashion-MNIST clients x 60 training images, the Table-2
+CNN, a cohort of 100 per round (sampling without replacement), 1 local epoch of SGD at batch 16,
+lr 0.05, FedAvg, 10 rounds, one evaluation at the end. W-DP (--dp): the same with Opacus-style
+DP-SGD, z = 1, C = 1. `--clients 10000`: 10,000 clients x 6 training images, cohort 1%.
 
-    python benchmarks/engine_vs_loop.py [--clients 1000] [--rounds 2] [--dp] [--workers N]
+Both sides run as a child process started from the command line, in the same run, `--reps`
+times each (the best rep counts: the machine is shared). Measured per side: whole-process wall,
+time from the command to the start of round 1, steady s/round (median of rounds 2..R-1; round R
+also evaluates), peak PSS of the whole process tree (driver, Ray's daemons and actors: PSS, not
+RSS, which counts torch's shared libraries once per process), and achieved GFLOP/s as a
+fraction of the machine's peak (FLOPs of the clients' forward+backward passes counted with
+torch.utils.flop_counter; peak from a large matmul in this run, with as many threads as cores).
+The loop is `LocalTrainer` per client (torch.optim SGD; DP-SGD through Opacus), 2 torch threads.
 
-The last line is `engine/loop speed ratio: <number>` (> 1: the engine is faster).
+    python benchmarks/engine_vs_loop.py [--dp] [--clients 10000] [--reps 2] [--workers 2]
+
+The last two lines: `engine/loop speed ratio: <loop s/round / engine s/round>` and
+`engine/loop wall ratio: <loop wall / engine wall>` (> 1: raysim is faster).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import struct
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-
-import numpy as np  # noqa: E402
-import ray  # noqa: E402
-import torch  # noqa: E402
-
-from algorithms import Environment, get_algorithm  # noqa: E402
-from raysim.config import load_config  # noqa: E402
-from raysim.data.sources import SEARCH_DIRS, find_idx_files  # noqa: E402
-from raysim.experiment import prepare  # noqa: E402
-from raysim.models import build_model  # noqa: E402
-from raysim.runtime.coordinator import Coordinator  # noqa: E402
-from raysim.seeding import torch_generator  # noqa: E402
-from raysim.training import LocalTrainer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "bench_w.yaml"
 
 
-def write_idx(path: Path, array: np.ndarray) -> None:
-    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
-    path.write_bytes(header + array.astype(np.uint8).tobytes())
+def workload(args: argparse.Namespace) -> list[str]:
+    """--set overrides on configs/bench_w.yaml for the chosen mode."""
+    sets = [f"rounds={args.rounds}", f"runtime.num_workers={args.workers}"]
+    if args.clients == 10000:
+        # 7 images each (6 train / 1 test): all 70,000 Fashion-MNIST images once; cohort 1%
+        sets += [
+            "data.num_clients=10000",
+            "data.samples_per_client=7",
+            "training.sampling_rate=0.01",
+        ]
+    elif args.clients != 1000:
+        sets += [f"data.num_clients={args.clients}"]
+    if args.dp:
+        sets += ["privacy.mode=sample", "privacy.noise_multiplier=1", "privacy.clip=1"]
+    return sets + list(args.set or [])
 
 
-def data_root(clients: int, samples: int) -> tuple[str, str | None]:
-    """Fashion-MNIST where installed; else random 28x28 images in IDX files of the same shape
-    (the benchmark measures arithmetic, not accuracy)."""
-    if any(find_idx_files(d, "fmnist") for d in SEARCH_DIRS["fmnist"]):
-        return "fmnist", None
-    root = Path(tempfile.mkdtemp(prefix="raysim-bench-"))
-    rng = np.random.default_rng(0)
-    n = clients * samples
-    for part, count in (("train", n), ("t10k", 10)):
-        write_idx(root / f"{part}-images-idx3-ubyte", rng.integers(0, 256, (count, 28, 28)))
-        write_idx(root / f"{part}-labels-idx1-ubyte", rng.integers(0, 10, count))
-    return "synthetic 28x28", str(root)
+# ----------------------------------------------------------------------------------- measuring
+def tree_pids(root: int) -> list[int]:
+    """root and all its descendants (Ray's gcs_server and raylet are the driver's children, the
+    actors the raylet's)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
 
 
-def config(args: argparse.Namespace):
-    name, root = data_root(args.clients, args.samples)
-    sets = [
-        "data.dataset=fmnist",
-        f"data.samples_per_client={args.samples}",
-        f"data.num_clients={args.clients}",
-        "data.cluster_sizes=null",
-        "data.shift=none",
-        "model.name=cnn",
-        "algorithm.name=fedavg",
-        f"privacy.mode={'sample' if args.dp else 'none'}",
-        "privacy.delta=1e-3",
-        "training.batch_size=32",
-        f"training.local_epochs={args.epochs}",
-        f"rounds={args.rounds + 100}",  # no final evaluation inside the timed rounds
-        "training.eval_every=100000",
-        f"runtime.num_workers={args.workers}",
-        "runtime.round_timeout_s=3000",
-    ]
-    if root is not None:
-        sets.append(f"data.root={root}")
-    return name, load_config(None, sets)
+def pss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            continue
+    return total
 
 
-def plain_loop(prep, rounds: int, threads: int) -> float:
-    """The reference: one process, the same per-client computation."""
-    cfg, ds, algo = prep.cfg, prep.dataset, prep.algorithm
+def run_child(cmd: list[str], poll: Path | None = None) -> dict:
+    """Run cmd; peak PSS of its tree (sampled every 0.25 s), wall, and the time `poll` (a file)
+    first appeared."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    peak, seen = 0, None
+    while proc.poll() is None:
+        peak = max(peak, pss_bytes(tree_pids(proc.pid)))
+        if poll is not None and seen is None and poll.exists():
+            seen = time.time()
+        time.sleep(0.25)
+    wall = time.time() - t0
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err.decode()[-3000:]}")
+    return {"t0": t0, "wall": wall, "peak_pss": peak, "seen": seen, "stdout": out.decode()}
+
+
+def engine_rep(args: argparse.Namespace, tmp: Path, rep: int) -> dict:
+    out = tmp / f"engine-{rep}"
+    sets = [x for s in workload(args) for x in ("--set", s)]
+    cmd = [sys.executable, "-m", "raysim.cli", "run", str(CONFIG), "--out", str(out), *sets]
+    res = run_child(cmd, poll=out / "metrics.parquet")
+    import pyarrow.parquet as pq
+
+    rounds = pq.read_table(out / "metrics.parquet").column("round_seconds").to_pylist()
+    first_end = res["seen"] if res["seen"] is not None else res["t0"] + res["wall"]
+    res["first_round"] = first_end - res["t0"] - rounds[0]
+    res["rounds"] = rounds
+    return res
+
+
+def loop_rep(args: argparse.Namespace, rep: int) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--loop-child", *sys.argv[1:]]
+    res = run_child(cmd)
+    child = json.loads(res["stdout"].strip().splitlines()[-1])
+    res["first_round"] = child["first_round_start"] - res["t0"]
+    res["rounds"] = child["rounds"]
+    return res
+
+
+def steady(rounds: list[float]) -> float:
+    inner = rounds[1:-1] or rounds
+    return statistics.median(inner)
+
+
+def peak_gflops(threads: int) -> float:
+    import torch
+
+    old = torch.get_num_threads()
     torch.set_num_threads(threads)
-    trainer = LocalTrainer(build_model("cnn", ds.feature_shape, ds.num_classes), ds.task)
-    model = prep.env.init_weights.clone()
-    x, y = ds.client_train(0)  # warm-up (Opacus wrapping, allocator), as the engine gets one
-    trainer.train(model, x, y, algo.train_config(0), torch_generator(cfg.seed, 0, 0, "train"))
-    start = time.perf_counter()
-    for r in range(1, rounds + 1):
-        updates, weights = [], []
-        for c in range(ds.num_clients):
-            x, y = ds.client_train(c)
-            res = trainer.train(
-                model, x, y, algo.train_config(c), torch_generator(cfg.seed, r, c, "train")
-            )
-            updates.append(res.update)
-            weights.append(res.num_samples)
-        w = torch.tensor(np.asarray(weights) / np.sum(weights), dtype=torch.float32)
-        model = model + (torch.stack(updates) * w[:, None]).sum(0)
-    return time.perf_counter() - start
+    a, b = torch.randn(4096, 4096), torch.randn(4096, 4096)
+    a @ b
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    torch.set_num_threads(old)
+    return 2 * 4096**3 / best / 1e9
 
 
-def engine(prep, rounds: int) -> float:
-    cfg = prep.cfg
-    ray.init(
-        address="local",
-        num_cpus=cfg.runtime.num_workers,
-        include_dashboard=False,
-        log_to_driver=False,
+def flops_per_round(args: argparse.Namespace) -> float:
+    """Forward + backward FLOPs of the cohort's local training (the useful arithmetic; DP's
+    per-sample clipping and noise are not counted, so DP shows as lower efficiency)."""
+    import torch
+    from torch.nn import functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from raysim.models import build_model
+
+    model = build_model("cnn", (1, 28, 28), 10)
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+    with FlopCounterMode(display=False) as fc:
+        F.cross_entropy(model(x), y).backward()
+    per_sample = fc.get_total_flops() / 16
+    train_per_client = 6 if args.clients == 10000 else 60
+    cohort = 100
+    return per_sample * train_per_client * cohort
+
+
+# ------------------------------------------------------------------------------ the plain loop
+def loop_child(args: argparse.Namespace) -> None:
+    """The reference a user would write: one process, LocalTrainer per client, FedAvg."""
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(args.loop_threads)
+    from raysim.config import load_config
+    from raysim.data import build_federated_dataset
+    from raysim.models import build_model, flat_params
+    from raysim.sampling import sample_cohort
+    from raysim.seeding import SERVER, numpy_rng, torch_generator
+    from raysim.training import LocalTrainer, TrainConfig
+
+    cfg = load_config(CONFIG, workload(args))
+    ds = build_federated_dataset(cfg.data, cfg.seed)
+    model = build_model("cnn", ds.feature_shape, ds.num_classes, seed=0)
+    trainer = LocalTrainer(model, ds.task)
+    weights = flat_params(model)
+    t = cfg.training
+    train = TrainConfig(
+        lr=t.lr,
+        batch_size=t.batch_size,
+        local_epochs=t.local_epochs,
+        dp_noise_multiplier=1.0 if args.dp else None,
+        dp_clip=1.0,
     )
-    try:
-        coord = (
-            ray.remote(Coordinator)
-            .options(num_cpus=0)
-            .remote(cfg, prep.algorithm, [ray.put(prep.dataset)], prep.truth, 0.0)
-        )
-        ray.get(coord.info.remote(), timeout=600)
-        ray.get(coord.step.remote(), timeout=3000)  # warm-up: actors, Opacus wrapping, caches
+    first, rounds = None, []
+    for r in range(1, cfg.rounds + 1):
         start = time.perf_counter()
-        for _ in range(rounds):
-            ray.get(coord.step.remote(), timeout=3000)
-        return time.perf_counter() - start
-    finally:
-        ray.shutdown()
+        if first is None:
+            first = time.time()
+        cohort = sample_cohort(
+            ds.num_clients, t.sampling_rate, t.sampling, numpy_rng(cfg.seed, r, SERVER, "plan")
+        )
+        updates, sizes = [], []
+        for c in cohort:
+            x, y = ds.client_train(int(c))
+            res = trainer.train(weights, x, y, train, torch_generator(cfg.seed, r, int(c), "train"))
+            updates.append(res.update)
+            sizes.append(res.num_samples)
+        w = torch.tensor(np.asarray(sizes) / np.sum(sizes), dtype=torch.float32)
+        weights = weights + (torch.stack(updates) * w[:, None]).sum(0)
+        if r == cfg.rounds:  # the engine evaluates every client at the last round
+            for c in range(ds.num_clients):
+                trainer.evaluate(weights, *ds.client_test(c))
+        rounds.append(time.perf_counter() - start)
+    print(json.dumps({"first_round_start": first, "rounds": rounds}))
 
 
+# -------------------------------------------------------------------------------------- main
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--clients", type=int, default=1000)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--samples", type=int, default=60)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--dp", action="store_true", help="DP-SGD (Opacus) on the clients")
-    p.add_argument("--loop-threads", type=int, nargs="*", help="torch threads of the loop(s)")
+    p.add_argument("--clients", type=int, default=1000, help="1000 (W) or 10000")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--dp", action="store_true", help="W-DP: DP-SGD at z = 1, C = 1")
+    p.add_argument("--loop-threads", type=int, default=2)
+    p.add_argument("--set", action="append", help="extra config override for raysim (and loop)")
+    p.add_argument("--skip-loop", action="store_true", help="engine only (no ratios)")
+    p.add_argument("--loop-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    name, cfg = config(args)
-    prep = prepare(cfg, get_algorithm("fedavg"), Environment)
-    updates = args.clients * args.rounds
+    if args.loop_child:
+        loop_child(args)
+        return
+    cores = os.cpu_count() or 1
+    peak = peak_gflops(cores)
+    flops = flops_per_round(args)
+    mode = "W-DP" if args.dp else "W"
     print(
-        f"data: {name}, clients: {args.clients}, rounds: {args.rounds}, dp: {args.dp}, "
-        f"cores: {os.cpu_count()}, workers: {args.workers}"
+        f"workload {mode}, {args.clients} clients, {args.rounds} rounds, workers {args.workers}, "
+        f"cores {cores}; matmul peak {peak:.1f} GFLOP/s; {flops / 1e9:.1f} GFLOP per round"
     )
-    # The loop with every core as torch threads and with one thread: on a busy machine extra
-    # threads can slow small convolutions down; the faster of the two is the reference.
-    threads = args.loop_threads or sorted({1, os.cpu_count() or 1})
-    loops = {t: plain_loop(prep, args.rounds, t) for t in threads}
-    for t, sec in loops.items():
-        print(f"plain loop, {t} thread(s): {updates / sec:.1f} client updates/s ({sec:.1f} s)")
-    loop_s = min(loops.values())
-    engine_s = engine(prep, args.rounds)
-    print(f"engine:     {updates / engine_s:.1f} client updates/s ({engine_s:.1f} s)")
-    print(f"engine/loop speed ratio: {loop_s / engine_s:.2f}")
+    sides: dict[str, list[dict]] = {"loop": [], "raysim": []}
+    with tempfile.TemporaryDirectory(prefix="raysim-bench-") as tmp:
+        for rep in range(args.reps):  # interleaved: a busy spell hits both sides alike
+            if not args.skip_loop:
+                sides["loop"].append(loop_rep(args, rep))
+            sides["raysim"].append(engine_rep(args, Path(tmp), rep))
+    best = {}
+    for name, reps in sides.items():
+        if not reps:
+            continue
+        for i, r in enumerate(reps):
+            s = steady(r["rounds"])
+            gf = flops / s / 1e9
+            print(
+                f"{name:7s} rep {i}: wall {r['wall']:.1f} s, "
+                f"first round at {r['first_round']:.1f} s, steady {s:.2f} s/round "
+                f"({gf:.1f} GFLOP/s, {100 * gf / peak:.0f}% of peak), "
+                f"peak PSS {r['peak_pss'] / 2**30:.2f} GB"
+            )
+        best[name] = {
+            "wall": min(r["wall"] for r in reps),
+            "steady": min(steady(r["rounds"]) for r in reps),
+            "first_round": min(r["first_round"] for r in reps),
+            "peak_pss": min(r["peak_pss"] for r in reps),
+        }
+    print(
+        "best of reps:",
+        json.dumps({k: {m: round(v, 3) for m, v in d.items()} for k, d in best.items()}),
+    )
+    if "loop" in best:
+        print(f"engine/loop speed ratio: {best['loop']['steady'] / best['raysim']['steady']:.2f}")
+        print(f"engine/loop wall ratio: {best['loop']['wall'] / best['raysim']['wall']:.2f}")
 
 
 if __name__ == "__main__":

@@ -48,23 +48,26 @@ def inline_loop(prep: Any, device: str | None = None) -> Any:
     import torch
 
     from raysim.models import model_spec
-    from raysim.rounds import RoundLoop
+    from raysim.rounds import RoundLoop, client_groups, group_size
     from raysim.runtime.worker import ClientWorker
 
     cfg = prep.cfg
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    gpus = 1.0 if dev.startswith("cuda") else 0.0
     worker = ClientWorker(  # a copy of the algorithm, as a worker actor holds
         copy.deepcopy(prep.algorithm),
         prep.dataset,
         model_spec(cfg),
         cfg.seed,
         cfg.runtime.threads_per_worker,
-        1.0 if dev.startswith("cuda") else 0.0,
+        gpus,
+        cfg.runtime.vectorize,
     )
+    size = group_size(cfg.runtime.client_group_size, gpus)  # the same groups as on Ray
 
     def execute(kind: str, round: int, models: list[Any], tasks: list[Any]) -> list[Any]:
         stacked = np.stack([m.detach().to("cpu", torch.float32).numpy() for m in models])
-        return worker.run(kind, round, stacked, tasks)
+        return worker.run(kind, round, stacked, client_groups(tasks, size))
 
     loop = RoundLoop(cfg, prep.algorithm, prep.truth, execute)
     loop.device = str(worker.device)

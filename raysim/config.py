@@ -212,10 +212,22 @@ class RuntimeConfig(_Section):
     threads_per_worker: int = Field(1, gt=0)  # torch threads; fixed so bits don't depend on it
     address: str | None = None  # "auto" or ray://...: connect instead of starting a local Ray
     actor_per_client: bool = False
+    # Clients trained at once by the vectorized trainer (fixed from the cohort, see
+    # runtime/pool.py); "auto": 32 on a GPU, 1 on CPU. vectorize=false: always the per-client
+    # Opacus/torch.optim path (the reference implementation).
+    client_group_size: int | Literal["auto"] = "auto"
+    vectorize: bool = True
     progress: bool = True
     round_timeout_s: float = Field(3600.0, gt=0)
     checkpoint_every: int = Field(1, ge=0)  # rounds between checkpoints; 0: none
     max_coordinator_restarts: int = Field(3, ge=0)  # from the last checkpoint, in one session
+
+    @field_validator("client_group_size")
+    @classmethod
+    def _group_size(cls, v: int | str) -> int | str:
+        if v != "auto" and int(v) < 1:
+            raise ValueError(f"client_group_size must be a positive integer or 'auto', got {v}")
+        return v
 
     @field_validator("gpus_per_worker")
     @classmethod

@@ -31,6 +31,27 @@ from raysim.seeding import SERVER, numpy_rng
 # execute(kind, round, models, tasks) -> one report per task ("train" or "evaluate")
 Execute = Callable[[str, int, list[torch.Tensor], list[ClientTask]], list[Any]]
 
+
+# Clients per vectorized group with `runtime.client_group_size: auto`. On a GPU a group of 32
+# batch-16 CNN steps still underfills it; on this project's 2-core CPUs a cross-client vmap was
+# measured slower than one client at a time (docs/speed.md), so there groups are single clients.
+AUTO_GROUP_GPU, AUTO_GROUP_CPU = 32, 1
+
+
+def group_size(setting: int | str, gpus_per_worker: float) -> int:
+    if setting == "auto":
+        return AUTO_GROUP_GPU if gpus_per_worker > 0 else AUTO_GROUP_CPU
+    return int(setting)
+
+
+def client_groups(tasks: list[ClientTask], size: int) -> list[list[ClientTask]]:
+    """The units of vectorized training: the round's tasks in client-id order, cut every `size`.
+    Decided from the cohort alone, never from the workers, so any number of workers computes
+    the same groups and so the same bits."""
+    ordered = sorted(tasks, key=lambda t: t.client_id)
+    return [ordered[i : i + size] for i in range(0, len(ordered), max(size, 1))]
+
+
 CHECKPOINT_FIELDS = (
     "round",
     "state",

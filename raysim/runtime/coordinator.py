@@ -1,4 +1,4 @@
-"""The Coordinator runs the rounds (DESIGN.md, "One round, as data flows").
+"""The Coordinator runs the rounds (docs/architecture.md, "One round, as data flows").
 
 `runtime.session` runs it inside a Ray actor. The rounds themselves are ``raysim.rounds.RoundLoop``
 (the same loop `compare --inline` runs in one process); the coordinator gives it a pool of
@@ -7,6 +7,7 @@ worker actors to run the clients on. The workers own the data and the arithmetic
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,8 +15,8 @@ import ray
 
 from raysim.config import ExperimentConfig
 from raysim.models.spec import model_spec
-from raysim.rounds import RoundLoop
-from raysim.runtime.pool import WorkerPool, balance_shards
+from raysim.rounds import RoundLoop, client_groups, group_size
+from raysim.runtime.pool import WorkerPool, balance_groups
 from raysim.runtime.worker import ClientWorker
 
 
@@ -29,6 +30,34 @@ def worker_placement() -> dict[str, Any]:
     return {"scheduling_strategy": "SPREAD"}
 
 
+def worker_factory(
+    cfg: ExperimentConfig, algorithm: Any, data_ref: Any, num_gpus_per_worker: float
+) -> Callable[[int], Any]:
+    """Starts ClientWorker actor i (used by the driver at start-up and by the pool to replace a
+    lost worker)."""
+    rt = cfg.runtime
+    actor = ray.remote(ClientWorker).options(
+        num_cpus=rt.cpus_per_worker,
+        num_gpus=num_gpus_per_worker,
+        max_restarts=-1,
+        **worker_placement(),
+    )
+    spec = model_spec(cfg)
+
+    def make_worker(i: int) -> Any:
+        return actor.remote(
+            algorithm,
+            [data_ref],
+            spec,
+            cfg.seed,
+            rt.threads_per_worker,
+            num_gpus_per_worker,
+            rt.vectorize,
+        )
+
+    return make_worker
+
+
 class Coordinator:
     """The Ray side of a run: a worker pool as the ``RoundLoop``'s executor."""
 
@@ -39,38 +68,26 @@ class Coordinator:
         dataset_box: list[Any],
         true_clusters: np.ndarray,
         num_gpus_per_worker: float,
+        workers: list[Any] | None = None,
     ) -> None:
+        """`workers`: ClientWorker actors the driver already started (in parallel with this
+        actor, docs/speed.md); None: start them here."""
         self.cfg = cfg
         self.loop = RoundLoop(cfg, algorithm, true_clusters, self._execute)
         rt = cfg.runtime
+        make_worker = worker_factory(cfg, algorithm, dataset_box[0], num_gpus_per_worker)
+        self.group_size = group_size(rt.client_group_size, num_gpus_per_worker)
         size = len(true_clusters) if rt.actor_per_client else rt.num_workers
-        actor = ray.remote(ClientWorker).options(
-            num_cpus=rt.cpus_per_worker,
-            num_gpus=num_gpus_per_worker,
-            max_restarts=-1,
-            **worker_placement(),
-        )
-        spec = model_spec(cfg)
-
-        def make_worker(i: int) -> Any:
-            return actor.remote(
-                algorithm,
-                dataset_box[0],
-                spec,
-                cfg.seed,
-                rt.threads_per_worker,
-                num_gpus_per_worker,
-            )
-
-        self.pool = WorkerPool(make_worker, size, rt.round_timeout_s)
+        self.pool = WorkerPool(make_worker, size, rt.round_timeout_s, workers)
 
     def _execute(self, kind: str, round: int, models: list[Any], tasks: list[Any]) -> list[Any]:
         stacked = np.stack([m.numpy() for m in models]) if models else np.zeros((0, 0))
         models_ref = ray.put(stacked)  # once per round, never per client
         if self.cfg.runtime.actor_per_client:  # each client pinned to its own actor
-            shards = [(t.client_id, [t]) for t in tasks]
+            shards = [(t.client_id, [[t]]) for t in tasks]
         else:
-            shards = list(enumerate(balance_shards(tasks, len(self.pool.workers))))
+            groups = client_groups(tasks, self.group_size)
+            shards = list(enumerate(balance_groups(groups, len(self.pool.workers))))
         return self.pool.run(kind, round, models_ref, shards)
 
     # -- API -----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import ray
 from ray.exceptions import RayActorError, WorkerCrashedError
 
 from raysim.protocol import ClientTask
+from raysim.rounds import client_groups, group_size  # noqa: F401 (the pool's units)
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +31,28 @@ def balance_shards(tasks: list[ClientTask], num_shards: int) -> list[list[Client
     return [s for s in shards if s]
 
 
+def balance_groups(groups: list[list[ClientTask]], num_shards: int) -> list[list[list[ClientTask]]]:
+    """Shards made of whole groups, balanced largest-first (LPT) on the groups' total weight."""
+    shards: list[list[list[ClientTask]]] = [[] for _ in range(num_shards)]
+    heap = [(0, i) for i in range(num_shards)]
+    weight = [sum(t.weight for t in g) for g in groups]
+    for j in sorted(range(len(groups)), key=lambda j: (-weight[j], groups[j][0].client_id)):
+        load, i = heapq.heappop(heap)
+        shards[i].append(groups[j])
+        heapq.heappush(heap, (load + weight[j], i))
+    return [s for s in shards if s]
+
+
 class WorkerPool:
-    def __init__(self, make_worker: Callable[[int], Any], size: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        make_worker: Callable[[int], Any],
+        size: int,
+        timeout_s: float,
+        workers: list[Any] | None = None,
+    ) -> None:
         self._make = make_worker
-        self.workers = [make_worker(i) for i in range(size)]
+        self.workers = list(workers) if workers else [make_worker(i) for i in range(size)]
         self.timeout_s = timeout_s
         self.replaced = 0
 

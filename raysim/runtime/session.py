@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raysim.config import RuntimeConfig
 from raysim.runtime.checkpoint import save_checkpoint, write_partial_metrics
-from raysim.runtime.coordinator import Coordinator
+from raysim.runtime.coordinator import Coordinator, worker_factory
 from raysim.runtime.resources import check_cluster
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,18 @@ def gpus_per_worker(rt: RuntimeConfig, cluster_gpus: float) -> float:
     return float(rt.gpus_per_worker)
 
 
-def _start_coordinator(prep: Any, data_ref: Any, gpus: float) -> Any:
+def _start_workers(prep: Any, data_ref: Any, gpus: float) -> list[Any]:
+    """The ClientWorker actors, started by the driver so that they import torch and build their
+    model while the coordinator actor starts (not after it, as when it starts them)."""
+    rt = prep.cfg.runtime
+    size = len(prep.env.true_clusters) if rt.actor_per_client else rt.num_workers
+    make = worker_factory(prep.cfg, prep.algorithm, data_ref, gpus)
+    return [make(i) for i in range(size)]
+
+
+def _start_coordinator(
+    prep: Any, data_ref: Any, gpus: float, workers: list[Any] | None = None
+) -> Any:
     """The coordinator stays next to the driver (the head on a cluster) unless a Tune trial's
     placement group decides: a worker node that goes away then never takes it along."""
     opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1}
@@ -57,7 +69,7 @@ def _start_coordinator(prep: Any, data_ref: Any, gpus: float) -> Any:
     return (
         ray.remote(Coordinator)
         .options(**opts)
-        .remote(prep.cfg, prep.algorithm, [data_ref], prep.truth, gpus)
+        .remote(prep.cfg, prep.algorithm, [data_ref], prep.truth, gpus, workers)
     )
 
 
@@ -78,20 +90,35 @@ def run_session(
     t0 = time.perf_counter()
     timeout = rt.round_timeout_s
     coordinator = None
+    early_workers: list[Any] = []
     try:
         if gpus is None:
             gpus = gpus_per_worker(rt, ray.cluster_resources().get("GPU", 0.0))
         if ray.util.get_current_placement_group() is None:  # a Tune trial's bundles are checked
             check_cluster(rt, gpus)  # by the sweep; a request that can never be met stops here
         data_ref = ray.put(prep.dataset)  # once: workers read it zero-copy
+        # The driver keeps no second copy: from here on it reads the object store too (the copy
+        # prepare built is freed); a private copy comes back when the run ends (below).
+        prep.dataset = None
+        prep.dataset = ray.get(data_ref, timeout=timeout)
         blob = resume
         done, rows = 0, []
         restarts = 0
         while True:
             try:
                 if coordinator is None:
-                    coordinator = _start_coordinator(prep, data_ref, gpus)
+                    log.info(
+                        "start-up: data in the object store at %.2f s", time.perf_counter() - t0
+                    )
+                    if not restarts:  # workers from the driver, in parallel with the coordinator
+                        early_workers = _start_workers(prep, data_ref, gpus)
+                    else:  # a lost coordinator's workers go; the new one starts its own
+                        for w in early_workers:
+                            ray.kill(w)
+                        early_workers = []
+                    coordinator = _start_coordinator(prep, data_ref, gpus, early_workers or None)
                     workers = ray.get(coordinator.info.remote(), timeout=timeout)
+                    log.info("start-up: workers ready at %.2f s", time.perf_counter() - t0)
                     done, rows = 0, []
                     if blob is not None:
                         done, rows = ray.get(coordinator.restore.remote(blob), timeout=timeout)
@@ -128,5 +155,9 @@ def run_session(
     finally:
         if coordinator is not None:  # a failed run must not leave its actors holding CPUs
             ray.kill(coordinator)
+        for w in early_workers:
+            ray.kill(w)
+        if prep.dataset is not None:  # its buffers live in the object store: copy them out
+            prep.dataset = pickle.loads(pickle.dumps(prep.dataset))
         if started:
             ray.shutdown()

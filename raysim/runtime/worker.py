@@ -34,27 +34,43 @@ class ClientWorker:
         seed: int,
         threads: int,
         num_gpus: float,
+        vectorize: bool = True,
     ) -> None:
         torch.set_num_threads(threads)
         self.algorithm = algorithm
-        self.dataset = dataset  # passed as a top-level ObjectRef: Ray resolves it zero-copy
+        if isinstance(dataset, list):  # [ObjectRef]: a boxed ref keeps Ray from warning that
+            import ray  # a restartable actor's constructor argument lives in the object store
+
+            dataset = ray.get(dataset[0])
+        self.dataset = dataset  # zero-copy views of the object store
         ds = dataset
         self.device = pick_device(num_gpus)
         # seeded like the run's initial weights; the frozen part is the same in every process
         model = build_from_spec(model_spec, ds.feature_shape, ds.num_classes, init_seed(seed))
         self.trainer = LocalTrainer(model, ds.task, self.device)
+        self.trainer.vectorize = vectorize
         self.seed = seed
 
-    def run(self, kind: str, round: int, models: np.ndarray, tasks: list[ClientTask]) -> list[Any]:
-        """Run `kind` ("train" or "evaluate") for each task; models is the round's broadcast."""
+    def run(
+        self, kind: str, round: int, models: np.ndarray, groups: list[list[ClientTask]]
+    ) -> list[Any]:
+        """Run `kind` ("train" or "evaluate") for each group of tasks; models is the round's
+        broadcast. A training group goes to the algorithm whole (client_steps: vectorized where
+        it can be); the groups are fixed by the coordinator, so the bits do not depend on how
+        many workers share them."""
         broadcast = [torch.from_numpy(np.array(m, copy=True)) for m in models]
-        step = self.algorithm.client_step if kind == "train" else self.algorithm.client_evaluate
-        out = []
-        for task in tasks:
-            ctx = ClientContext(
-                task.client_id, round, self.seed, self.trainer, self.dataset, broadcast
-            )
-            out.append(step(task, ctx))
+        out: list[Any] = []
+        for group in groups:
+            ctxs = [
+                ClientContext(t.client_id, round, self.seed, self.trainer, self.dataset, broadcast)
+                for t in group
+            ]
+            steps = getattr(self.algorithm, "client_steps", None)
+            if kind == "train" and steps is not None:
+                out.extend(steps(group, ctxs))
+                continue
+            step = self.algorithm.client_step if kind == "train" else self.algorithm.client_evaluate
+            out.extend(step(t, c) for t, c in zip(group, ctxs, strict=True))
         return out
 
     def info(self) -> dict[str, Any]:

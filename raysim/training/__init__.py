@@ -1,6 +1,7 @@
 """Client-side local training: plain SGD or DP-SGD (Opacus), on flat weight vectors."""
 
 from raysim.training.config import (
+    GRAD_SAMPLE_MODES,
     EvalResult,
     SamplingPlan,
     TrainConfig,
@@ -8,7 +9,6 @@ from raysim.training.config import (
     sampling_plan,
 )
 from raysim.training.losses import TASKS, per_sample_loss
-from raysim.training.per_sample import GRAD_SAMPLE_MODES
 from raysim.training.trainer import LocalTrainer
 
 __all__ = [

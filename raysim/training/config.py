@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+# Per-sample gradient modes of training.per_sample (kept here: that module imports opacus).
+GRAD_SAMPLE_MODES = ("hooks", "ew", "functorch", "vmap")
+
 
 @dataclass(frozen=True)
 class TrainConfig:

@@ -16,9 +16,8 @@ from opacus.grad_sample import GradSampleModuleExpandedWeights
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from raysim.training.config import GRAD_SAMPLE_MODES
 from raysim.training.losses import per_sample_loss
-
-GRAD_SAMPLE_MODES = ("hooks", "ew", "functorch", "vmap")
 
 
 class PerSampleGrads:

@@ -11,16 +11,18 @@ comes from the caller's ``torch.Generator``, so an update is a function of
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from opacus.optimizers import DPOptimizer
 from torch import nn
 
 from raysim.models.params import flat_params, load_flat_, num_params
 from raysim.training.config import EvalResult, TrainConfig, TrainResult, sampling_plan
 from raysim.training.losses import TASKS, as_tensor, per_sample_loss, targets
-from raysim.training.per_sample import PerSampleGrads
+
+if TYPE_CHECKING:
+    from raysim.training.per_sample import PerSampleGrads
 
 
 class LocalTrainer:
@@ -43,6 +45,36 @@ class LocalTrainer:
         self.dim = num_params(self.model)
         self._psg: PerSampleGrads | None = None  # wrapped lazily, on first DP use
         self._device_gen: torch.Generator | None = None
+        self.vectorize = True  # train_many may use training.vectorized (False: Opacus always)
+        self._vec = None  # VectorizedTrainer, built on first use
+
+    # ------------------------------------------------------------------ groups
+    def train_many(
+        self,
+        weights: Sequence[torch.Tensor],
+        data: Sequence[tuple[np.ndarray, np.ndarray]],
+        cfgs: Sequence[TrainConfig],
+        generators: Sequence[torch.Generator],
+    ) -> list[TrainResult]:
+        """A fixed group of clients (decided by the engine from the cohort, never by the worker
+        it lands on, so the bits do not depend on the number of workers).
+
+        Vectorized (``training.vectorized``) where it can be and where it pays: DP-SGD (its
+        per-sample ``vmap(grad)`` beats Opacus' hooks on CPU), groups of two or more clients,
+        any GPU; plain SGD one client at a time on CPU stays here (measured faster: see
+        docs/speed.md). Otherwise one ``train`` per client.
+        """
+        if self.vectorize and (cfgs and (cfgs[0].dp or len(cfgs) > 1 or self.device.type != "cpu")):
+            if self._vec is None:
+                from raysim.training.vectorized import VectorizedTrainer
+
+                self._vec = VectorizedTrainer(self.model, self.task, self.device)
+            if self._vec.unsupported(cfgs) is None:
+                return self._vec.train_group(weights, data, cfgs, generators)
+        return [
+            self.train(w, x, y, c, g)
+            for w, (x, y), c, g in zip(weights, data, cfgs, generators, strict=True)
+        ]
 
     # ------------------------------------------------------------------ training
     def train(
@@ -109,6 +141,10 @@ class LocalTrainer:
         size (Opacus' DPOptimizer). A logical batch is processed in physical chunks: each chunk
         is clipped and summed into ``summed_grad`` (Opacus' virtual-step accumulation), noise
         is drawn once per logical step, so chunking changes neither the result nor the draws."""
+        from opacus.optimizers import DPOptimizer  # ~4 s to import: only where DP-SGD runs
+
+        from raysim.training.per_sample import PerSampleGrads
+
         if self._psg is None:
             self._psg = PerSampleGrads(self.model, self.task, self.grad_sample_mode)
         psg, n = self._psg, xt.shape[0]

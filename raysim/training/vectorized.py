@@ -1,0 +1,336 @@
+"""Cross-client vectorized local training: a fixed group of clients trained at once.
+
+``LocalTrainer`` runs one client at a time on batches of ~16: small convolutions that leave most
+of a core idle. Here G clients' weights are stacked ([G, ...] per parameter) and one
+``torch.func.vmap`` over ``functional_call`` runs all of them per step, each on its own batch.
+
+Exactly what ``LocalTrainer`` computes, up to float rounding:
+
+- the same draws: each client's ``torch.Generator`` is replayed in LocalTrainer's order (plain:
+  one ``randperm`` per epoch; DP: per step one Poisson mask ``rand(n) < q``, then the noise of
+  every parameter, drawn as Opacus' ``_generate_noise`` draws it), so batches, masks and noise
+  are bit-identical to the per-client path's;
+- DP-SGD as Opacus' ``DPOptimizer`` does it: per-sample gradients (``vmap(grad(...))``), clip
+  factor ``min(1, C / (||g_i|| + 1e-6))``, sum, add ``N(0, (zC)^2)``, divide by the expected
+  batch size; an empty Poisson batch still takes a noise-only step;
+- SGD with momentum / weight decay as ``torch.optim.SGD``, FedProx's ``mu (w - w0)`` added after
+  the noise, the client-side update clip.
+
+Clients of one group may differ in data size, Poisson batch size and step count: batches are
+padded to the group's largest and masked; a client past its last step is frozen (no update,
+no momentum). What cannot be vectorized is refused by :func:`unsupported` and the caller falls
+back to ``LocalTrainer`` (see that function for the list).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from raysim.training.config import TrainConfig, TrainResult, sampling_plan
+from raysim.training.losses import as_tensor, per_sample_loss, targets
+
+# Per-sample gradients of a group live in memory at once (G x B x dim floats): models above this
+# many parameters (ResNet-18: 11M) go through LocalTrainer's chunked Opacus path instead.
+MAX_VECTORIZED_PARAMS = 2_000_000
+
+
+def unsupported(cfgs: Sequence[TrainConfig], dim: int) -> str | None:
+    """Why this group cannot be vectorized (None: it can).
+
+    Refused: configs that differ between the clients other than in the DP noise multiplier
+    (one step schedule per group); DP-SGD with a logical batch above ``physical_batch_size``
+    (the memory bound LocalTrainer honours by accumulating chunks); models with more than
+    ``MAX_VECTORIZED_PARAMS`` parameters.
+    """
+    if not cfgs:
+        return "empty group"
+    first = replace(cfgs[0], dp_noise_multiplier=None)
+    if any(replace(c, dp_noise_multiplier=None) != first for c in cfgs[1:]):
+        return "clients of the group have different training configs"
+    if any(c.dp != cfgs[0].dp for c in cfgs):
+        return "DP and non-DP clients in one group"
+    if dim > MAX_VECTORIZED_PARAMS:
+        return f"model has {dim} parameters (> {MAX_VECTORIZED_PARAMS})"
+    c = cfgs[0]
+    if not c.full_batch and c.batch_size > c.physical_batch_size:
+        return "batch_size above physical_batch_size (chunked accumulation)"
+    return None
+
+
+@dataclass
+class _Client:
+    """One client's schedule and running totals inside a group call."""
+
+    n: int
+    b: int  # expected batch size (DP denominator)
+    q: float
+    total_steps: int
+    gen: torch.Generator
+    noise_gen: torch.Generator | None = None
+    orders: list[torch.Tensor] | None = None  # plain SGD: one permutation per epoch
+    epoch: int = -1
+    loss_total: float = 0.0
+    count: int = 0
+    loss: float = float("nan")
+
+
+class VectorizedTrainer:
+    """One resident model per worker (as LocalTrainer); trains groups of clients with vmap."""
+
+    def __init__(self, model: nn.Module, task: str, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.task = task
+        self.names = [k for k, p in self.model.named_parameters() if p.requires_grad]
+        self.shapes = [p.shape for _, p in self.model.named_parameters() if p.requires_grad]
+        self.sizes = [int(np.prod(s)) for s in self.shapes]
+        self.dim = sum(self.sizes)
+        model = self.model
+
+        def client_loss(params, xb, yb, w):
+            """Weighted loss sum of one client's (padded) batch; w is 0 on padding rows."""
+            losses = per_sample_loss(task, functional_call(model, params, (xb,)), yb)
+            return (losses * w).sum(), losses.detach()
+
+        def sample_loss(params, xi, yi):
+            out = functional_call(model, params, (xi.unsqueeze(0),))
+            loss = per_sample_loss(task, out, yi.unsqueeze(0)).sum()
+            return loss, loss.detach()
+
+        self._plain = vmap(grad(client_loss, has_aux=True))
+        # outer vmap: clients (their own weights); inner: samples (shared weights)
+        self._per_sample_one = vmap(grad(sample_loss, has_aux=True), in_dims=(None, 0, 0))
+        self._per_sample = vmap(self._per_sample_one)
+
+    def unsupported(self, cfgs: Sequence[TrainConfig]) -> str | None:
+        return unsupported(cfgs, self.dim)
+
+    # --------------------------------------------------------------------------------- API
+    def train_group(
+        self,
+        weights: Sequence[torch.Tensor],
+        data: Sequence[tuple[np.ndarray, np.ndarray]],
+        cfgs: Sequence[TrainConfig],
+        generators: Sequence[torch.Generator],
+    ) -> list[TrainResult]:
+        """Train G clients from their flat ``weights`` on their own ``(x, y)``; one TrainResult
+        per client, as ``LocalTrainer.train`` would return it (FedProx centre: the start)."""
+        g = len(weights)
+        if not (len(data) == len(cfgs) == len(generators) == g):
+            raise ValueError("weights, data, cfgs and generators must have one entry per client")
+        reason = self.unsupported(cfgs)
+        if reason is not None:
+            raise ValueError(f"group cannot be vectorized: {reason}")
+        cfg = cfgs[0]
+        init = torch.stack([w.detach().reshape(-1).to("cpu", torch.float32) for w in weights])
+        if init.shape[1] != self.dim:
+            raise ValueError(f"weights have {init.shape[1]} elements, model has {self.dim}")
+        xs, ys, ns = self._pad(data)
+        clients = [self._client(int(n), cfg, gen) for n, gen in zip(ns, generators, strict=True)]
+        params = self._unflatten(init.to(self.device))
+        center = {k: v.clone() for k, v in params.items()} if cfg.prox_mu > 0 else None
+        momentum: dict[str, torch.Tensor] | None = None
+        steps = max((c.total_steps for c in clients), default=0)
+        for t in range(steps):
+            active = [t < c.total_steps for c in clients]
+            if cfg.dp:
+                grads = self._dp_grads(params, xs, ys, clients, cfgs, cfg, t, active)
+            else:
+                grads = self._plain_grads(params, xs, ys, clients, cfg, t, active)
+            momentum = self._sgd_step(params, grads, center, cfg, active, momentum)
+        new = self._flatten(params).to("cpu", torch.float32)
+        out = []
+        for i, c in enumerate(clients):
+            update = new[i] - init[i]
+            norm = float(update.norm())
+            if cfg.update_clip is not None and norm > cfg.update_clip:
+                update.mul_(cfg.update_clip / norm)
+            out.append(TrainResult(update, c.n, c.total_steps, c.loss, norm))
+        return out
+
+    # ------------------------------------------------------------------------- schedules
+    def _client(self, n: int, cfg: TrainConfig, gen: torch.Generator) -> _Client:
+        plan = sampling_plan(n, cfg)
+        c = _Client(n, plan.expected_batch_size, plan.q, plan.total_steps, gen)
+        if cfg.dp:
+            c.noise_gen = self._noise_generator(gen)
+        elif not cfg.full_batch:
+            # LocalTrainer draws one permutation at the start of each epoch that runs a step and
+            # nothing else from this generator: drawing them all now gives the same bits.
+            epochs = -(-plan.total_steps // plan.steps_per_epoch) if plan.total_steps else 0
+            c.orders = [torch.randperm(n, generator=gen, device=gen.device) for _ in range(epochs)]
+        return c
+
+    def _noise_generator(self, gen: torch.Generator) -> torch.Generator:
+        """As LocalTrainer._noise_generator: noise is drawn on the parameters' device."""
+        if gen.device.type == self.device.type:
+            return gen
+        seed = int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device))
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    def _track_loss(self, c: _Client, epoch: int, loss_sum: float, count: int) -> None:
+        """Mean per-sample loss over the last epoch run (LocalTrainer's train_loss)."""
+        if epoch != c.epoch:
+            c.epoch, c.loss_total, c.count = epoch, 0.0, 0
+        c.loss_total += loss_sum
+        c.count += count
+        c.loss = c.loss_total / c.count if c.count else float("nan")
+
+    # ----------------------------------------------------------------------------- steps
+    def _plain_grads(self, params, xs, ys, clients, cfg, t, active):
+        g = len(clients)
+        rows, sizes = [], []
+        for c, on in zip(clients, active, strict=True):
+            if not on:
+                rows.append(torch.zeros(0, dtype=torch.long))
+            elif cfg.full_batch:
+                rows.append(torch.arange(c.n))
+            else:
+                spe = -(-c.n // c.b)
+                epoch, s = divmod(t, spe)
+                rows.append(c.orders[epoch][s * c.b : (s + 1) * c.b].cpu())
+            sizes.append(rows[-1].numel())
+        idx, mask = self._index(rows)
+        w = mask / torch.tensor([max(s, 1) for s in sizes], dtype=torch.float32)[:, None]
+        xb, yb = self._gather(xs, ys, idx)
+        grads, losses = self._plain(params, xb, yb, w.to(self.device))
+        sums = (losses * mask.to(self.device)).sum(1).tolist()
+        for i in range(g):
+            if active[i]:
+                c = clients[i]
+                spe = 1 if cfg.full_batch else -(-c.n // c.b)
+                self._track_loss(c, t // spe, sums[i], sizes[i])
+        return grads
+
+    def _dp_grads(self, params, xs, ys, clients, cfgs, cfg, t, active):
+        rows = []
+        for c, on in zip(clients, active, strict=True):
+            if not on:
+                rows.append(torch.zeros(0, dtype=torch.long))
+            elif cfg.full_batch:
+                rows.append(torch.arange(c.n))
+            else:  # Poisson: each sample independently with prob q (LocalTrainer's draw)
+                m = torch.rand(c.n, generator=c.gen, device=c.gen.device) < c.q
+                rows.append(m.nonzero().reshape(-1).cpu())
+        idx, mask = self._index(rows)
+        xb, yb = self._gather(xs, ys, idx)
+        if idx.shape[1] > 0 and len(clients) == 1:  # no client dimension to vmap over
+            one = {k: v[0] for k, v in params.items()}
+            per_sample, losses = self._per_sample_one(one, xb[0], yb[0])
+            per_sample = {k: v.unsqueeze(0) for k, v in per_sample.items()}
+            losses = losses.unsqueeze(0)
+        elif idx.shape[1] > 0:
+            per_sample, losses = self._per_sample(params, xb, yb)
+        else:  # every batch empty: noise-only steps
+            g = len(clients)
+            per_sample = {k: v.new_zeros((g, 0, *v.shape[1:])) for k, v in params.items()}
+            losses = torch.zeros(len(clients), 0, device=self.device)
+        mask = mask.to(self.device)
+        flat = [per_sample[k].flatten(2) for k in self.names]
+        norms = torch.stack([f.norm(2, dim=-1) for f in flat], dim=-1).norm(2, dim=-1)  # [G, B]
+        clip = torch.tensor([c.dp_clip for c in cfgs], dtype=torch.float32, device=self.device)
+        factor = (clip[:, None] / (norms + 1e-6)).clamp(max=1.0) * mask
+        sums = (losses * mask).sum(1).tolist()
+        grads = {}
+        for k in self.names:
+            grads[k] = torch.einsum("gi,gi...->g...", factor, per_sample[k])
+        for i, (c, ci) in enumerate(zip(clients, cfgs, strict=True)):
+            if not active[i]:
+                continue
+            std = ci.dp_noise_multiplier * ci.dp_clip
+            for k, shape in zip(self.names, self.shapes, strict=True):
+                if std != 0:  # Opacus draws nothing at std 0 (_generate_noise returns zeros)
+                    grads[k][i] += torch.normal(
+                        mean=0,
+                        std=std,
+                        size=shape,
+                        device=self.device,
+                        generator=c.noise_gen,
+                        dtype=torch.float32,
+                    )
+                grads[k][i] /= c.b
+            spe = 1 if cfg.full_batch else -(-c.n // c.b)
+            self._track_loss(c, t // spe, sums[i], rows[i].numel())
+        return grads
+
+    def _sgd_step(self, params, grads, center, cfg, active, momentum):
+        """torch.optim.SGD (dampening 0, no Nesterov) on the active clients only."""
+        on = torch.tensor(active, device=self.device)
+        with torch.no_grad():
+            if momentum is None and cfg.momentum != 0:
+                momentum = {}
+            for k in self.names:
+                p, d = params[k], grads[k]
+                view = (-1,) + (1,) * (p.dim() - 1)
+                if center is not None:  # FedProx gradient, after the noise: it touches no data
+                    d = d + cfg.prox_mu * (p - center[k])
+                if cfg.weight_decay != 0:
+                    d = d + cfg.weight_decay * p
+                if cfg.momentum != 0:
+                    buf = momentum.get(k)
+                    if buf is None:  # torch's first step: buf = d (only where a step is taken)
+                        buf = torch.where(on.view(view), d, torch.zeros_like(d))
+                        started = on.clone()
+                    else:
+                        started = momentum[k + ".started"]
+                        new = torch.where(started.view(view), cfg.momentum * buf + d, d)
+                        buf = torch.where(on.view(view), new, buf)
+                        started = started | on
+                    momentum[k], momentum[k + ".started"] = buf, started
+                    d = buf
+                params[k] = torch.where(on.view(view), p - cfg.lr * d, p)
+        return momentum
+
+    # --------------------------------------------------------------------------- helpers
+    def _pad(self, data):
+        """All clients' rows in one [G, n_max, ...] tensor (one copy per group call)."""
+        xs_list, ys_list, ns = [], [], []
+        for x, y in data:
+            xt = as_tensor(x).to(torch.float32)
+            yt = targets(self.task, as_tensor(y))
+            if xt.shape[0] != yt.shape[0]:
+                raise ValueError(f"x has {xt.shape[0]} rows, y has {yt.shape[0]}")
+            if xt.shape[0] < 1:
+                raise ValueError("a client needs at least one sample")
+            xs_list.append(xt)
+            ys_list.append(yt)
+            ns.append(xt.shape[0])
+        nmax = max(ns)
+        xs = xs_list[0].new_zeros((len(ns), nmax, *xs_list[0].shape[1:]))
+        ys = ys_list[0].new_zeros((len(ns), nmax, *ys_list[0].shape[1:]))
+        for i, (xt, yt) in enumerate(zip(xs_list, ys_list, strict=True)):
+            xs[i, : xt.shape[0]] = xt
+            ys[i, : yt.shape[0]] = yt
+        return xs.to(self.device), ys.to(self.device), ns
+
+    @staticmethod
+    def _index(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pad each client's row indices to the group's largest batch (row 0, masked out)."""
+        bmax = max(r.numel() for r in rows)
+        idx = torch.zeros(len(rows), bmax, dtype=torch.long)
+        mask = torch.zeros(len(rows), bmax, dtype=torch.float32)
+        for i, r in enumerate(rows):
+            idx[i, : r.numel()] = r
+            mask[i, : r.numel()] = 1.0
+        return idx, mask
+
+    def _gather(self, xs, ys, idx):
+        idx = idx.to(self.device)
+        ar = torch.arange(idx.shape[0], device=self.device)[:, None]
+        return xs[ar, idx], ys[ar, idx]
+
+    def _unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        out, off = {}, 0
+        for k, shape, size in zip(self.names, self.shapes, self.sizes, strict=True):
+            out[k] = flat[:, off : off + size].reshape(flat.shape[0], *shape).clone()
+            off += size
+        return out
+
+    def _flatten(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([params[k].reshape(params[k].shape[0], -1) for k in self.names], dim=1)

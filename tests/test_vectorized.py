@@ -1,0 +1,186 @@
+"""The vectorized trainer against the per-client reference (LocalTrainer: torch.optim / Opacus)
+on the same batches: same updates, same clipped-gradient sums, same noise."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from raysim.models import build_model, flat_params
+from raysim.training import LocalTrainer, TrainConfig
+from raysim.training.vectorized import VectorizedTrainer, unsupported
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+SIZES = [24, 17, 40, 9]  # different data sizes: padding, different step counts
+
+
+def blobs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n)
+    x = rng.normal(size=(3, 64)).astype(np.float32)[y] * 2 + rng.normal(size=(n, 64)) * 0.5
+    return x.reshape(n, 1, 8, 8).astype(np.float32), y.astype(np.int64)
+
+
+def setup(model: str = "cnn"):
+    data = [blobs(n, i) for i, n in enumerate(SIZES)]
+    init = flat_params(build_model(model, (1, 8, 8), 3, seed=0))
+    # different start weights per client (as `local` has): perturb the common init
+    rng = torch.Generator().manual_seed(5)
+    weights = [init + 0.01 * i * torch.randn(init.shape, generator=rng) for i in range(len(data))]
+    ref = LocalTrainer(build_model(model, (1, 8, 8), 3), "classification")
+    vec = VectorizedTrainer(build_model(model, (1, 8, 8), 3), "classification")
+    return data, weights, ref, vec
+
+
+def gens(seed: int = 0) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(1000 * seed + i) for i in range(len(SIZES))]
+
+
+def both(cfgs, seed=0, model="cnn"):
+    data, weights, ref, vec = setup(model)
+    a = [
+        ref.train(w, x, y, c, g)
+        for w, (x, y), c, g in zip(weights, data, cfgs, gens(seed), strict=True)
+    ]
+    b = vec.train_group(weights, data, cfgs, gens(seed))
+    return a, b
+
+
+def assert_same(a, b, atol=2e-6):
+    for ra, rb in zip(a, b, strict=True):
+        assert ra.steps == rb.steps and ra.num_samples == rb.num_samples
+        torch.testing.assert_close(rb.update, ra.update, atol=atol, rtol=1e-5)
+        assert np.isclose(ra.train_loss, rb.train_loss, rtol=1e-5, equal_nan=True)
+        assert np.isclose(ra.update_norm, rb.update_norm, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"local_epochs": 2, "momentum": 0.9, "weight_decay": 1e-3},
+        {"full_batch": True, "local_epochs": 3},
+        {"max_steps": 3, "prox_mu": 0.5, "update_clip": 0.05},
+    ],
+)
+@pytest.mark.parametrize("model", ["cnn", "mlp"])
+def test_plain_sgd_matches_local_trainer(kw, model):
+    cfg = TrainConfig(lr=0.1, batch_size=8, **kw)
+    assert_same(*both([cfg] * len(SIZES), model=model))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"local_epochs": 2, "momentum": 0.5, "prox_mu": 0.1, "update_clip": 0.5},
+        {"full_batch": True},
+    ],
+)
+def test_dp_sgd_matches_opacus_same_draws(kw):
+    """Poisson masks and noise replayed from each client's generator: with z = 1 the updates
+    equal Opacus' to float tolerance (so the noise is the very same draws)."""
+    cfgs = [
+        TrainConfig(lr=0.1, batch_size=8, dp_noise_multiplier=z, dp_clip=0.5, **kw)
+        for z in (1.0, 0.7, 1.3, 1.0)  # per-client z (R-DPCFL calibrates per client)
+    ]
+    assert_same(*both(cfgs, seed=3))
+
+
+def test_clipped_gradient_sum_matches_opacus_to_1e5():
+    """z = 0, one full-batch step, lr = 1: update = -(sum of clipped per-sample grads) / n."""
+    cfg = TrainConfig(lr=1.0, batch_size=1, full_batch=True, dp_noise_multiplier=0.0, dp_clip=0.1)
+    a, b = both([cfg] * len(SIZES))
+    for ra, rb, n in zip(a, b, SIZES, strict=True):
+        sum_a, sum_b = -ra.update * n, -rb.update * n
+        assert float((sum_a - sum_b).abs().max()) < 1e-5
+        assert float(sum_a.norm()) <= 0.1 * n * (1 + 1e-5)  # clipping bites: each <= C
+
+
+def test_empty_poisson_batch_takes_noise_only_step():
+    """q = 1/40 on a tiny client: many empty Poisson batches; still equal to Opacus."""
+    cfg = TrainConfig(lr=0.1, batch_size=1, dp_noise_multiplier=1.0, dp_clip=1.0, max_steps=6)
+    assert_same(*both([cfg] * len(SIZES), seed=7))
+
+
+def _noise(trainer_kind: str, seeds: range) -> np.ndarray:
+    """Noise part of one full-batch DP step (z = 2, C = 0.5, lr = 1): update(z) - update(0)."""
+    data, weights, ref, vec = setup()
+    cfg0 = TrainConfig(lr=1.0, batch_size=1, full_batch=True, dp_noise_multiplier=0.0, dp_clip=0.5)
+    cfg = dataclasses.replace(cfg0, dp_noise_multiplier=2.0)
+    out = []
+    for s in seeds:
+        if trainer_kind == "opacus":
+            x, y = data[0]
+            u = ref.train(weights[0], x, y, cfg, torch.Generator().manual_seed(s)).update
+            u0 = ref.train(weights[0], x, y, cfg0, torch.Generator().manual_seed(s)).update
+        else:
+            g = [torch.Generator().manual_seed(s)]
+            u = vec.train_group(weights[:1], data[:1], [cfg], g)[0].update
+            u0 = vec.train_group(weights[:1], data[:1], [cfg0], [torch.Generator()])[0].update
+        out.append((u - u0).numpy())
+    return np.concatenate(out)
+
+
+def test_noise_distribution_is_opacus_gaussian():
+    """The noise of a step is N(0, (zC/b)^2) per coordinate (b = n under full batch), and its
+    distribution matches the one Opacus draws from independent seeds (two-sample KS)."""
+    n = SIZES[0]
+    vec = _noise("vectorized", range(3))
+    opa = _noise("opacus", range(100, 103))
+    sd = 2.0 * 0.5 / n
+    assert stats.kstest(vec / sd, "norm").pvalue > 1e-3
+    assert stats.ks_2samp(vec, opa).pvalue > 1e-3
+    assert abs(vec.std() / sd - 1) < 0.02
+
+
+def test_unsupported_configs_are_named():
+    cfg = TrainConfig(lr=0.1, batch_size=8)
+    assert unsupported([cfg, dataclasses.replace(cfg, lr=0.2)], 10) is not None
+    assert unsupported([cfg], 10**8) is not None
+    big = TrainConfig(lr=0.1, batch_size=64, physical_batch_size=16, dp_noise_multiplier=1.0)
+    assert "physical" in unsupported([big], 10)
+    assert unsupported([cfg, cfg], 10) is None
+
+
+def test_train_many_falls_back_to_the_per_client_path():
+    """Different configs in one group: LocalTrainer per client, bit for bit."""
+    data, weights, ref, _ = setup()
+    cfgs = [TrainConfig(lr=0.1 * (i + 1), batch_size=8) for i in range(len(SIZES))]
+    a = [
+        ref.train(w, x, y, c, g)
+        for w, (x, y), c, g in zip(weights, data, cfgs, gens(), strict=True)
+    ]
+    b = ref.train_many(weights, data, cfgs, gens())
+    for ra, rb in zip(a, b, strict=True):
+        assert torch.equal(ra.update, rb.update)
+    # a vectorizable group goes through the vectorized trainer and agrees
+    cfg = [TrainConfig(lr=0.1, batch_size=8)] * len(SIZES)
+    a = [
+        ref.train(w, x, y, c, g) for w, (x, y), c, g in zip(weights, data, cfg, gens(), strict=True)
+    ]
+    assert_same(a, ref.train_many(weights, data, cfg, gens()))
+    assert ref._vec is not None
+
+
+def test_group_size_setting():
+    from raysim.config import ConfigError, load_config
+    from raysim.runtime.pool import group_size
+
+    with pytest.raises(ConfigError, match="runtime.client_group_size"):
+        load_config(None, ["runtime.client_group_size=0"])
+    assert load_config(None, ["runtime.client_group_size=8"]).runtime.client_group_size == 8
+    assert group_size("auto", 0.0) == 1 and group_size("auto", 0.5) == 32
+    assert group_size(5, 0.0) == 5
