@@ -229,7 +229,8 @@ class FederatedAlgorithm(Algorithm):
     def train_clients(
         self, tasks: list[ClientTask], ctxs: list[ClientContext], weights: list[torch.Tensor]
     ) -> list[ClientReport]:
-        """train_client for a group: the same reports, through trainer.train_many."""
+        """train_client for a group: the same reports, through trainer.train_many, each update
+        released by the privacy mode."""
         if not tasks:
             return []
         results = ctxs[0].trainer.train_many(
@@ -238,10 +239,12 @@ class FederatedAlgorithm(Algorithm):
             [t.train for t in tasks],
             [c.generator("train") for c in ctxs],
         )
-        return [
-            ClientReport(t.client_id, r.update, r.num_samples, t.cluster, r.train_loss)
-            for t, r in zip(tasks, results, strict=True)
-        ]
+        reports = []
+        for t, c, r in zip(tasks, ctxs, results, strict=True):
+            report = ClientReport(t.client_id, None, r.num_samples, t.cluster, r.train_loss)
+            self.privacy.release_update(report, t, r, c)
+            reports.append(report)
+        return reports
 
     # -- server ----------------------------------------------------------------------------------
     def aggregate(

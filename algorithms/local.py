@@ -46,7 +46,8 @@ class Local(FederatedAlgorithm):
         ]
         reports = self.train_clients(tasks, ctxs, starts)
         for report, start in zip(reports, starts, strict=True):
-            report.state, report.update = start + report.update, None
+            # the personal model stays on the client (its DP-SGD is still charged)
+            report.state = start + report.withhold_update()
         return reports
 
     def server_step(

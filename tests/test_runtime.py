@@ -11,8 +11,6 @@ from conftest import small_config
 from algorithms import Environment, get_algorithm
 from raysim.config import load_config
 from raysim.experiment import prepare, run_prepared
-from raysim.protocol import ClientTask
-from raysim.runtime.pool import balance_shards
 from raysim.runtime.session import gpus_per_worker
 
 TIMING = ["round_seconds"]
@@ -47,14 +45,6 @@ def test_client_level_dp_and_actor_per_client_agree(ray_session, tmp_path):
     )
     assert pooled.equals(per_client)
     assert pooled["epsilon"].iloc[-1] <= 4.0 + 1e-9
-
-
-def test_shards_are_balanced_largest_first():
-    tasks = [ClientTask(i, weight=w) for i, w in enumerate([9, 1, 1, 1, 8, 2])]
-    shards = balance_shards(tasks, 2)
-    loads = sorted(sum(t.weight for t in s) for s in shards)
-    assert loads == [11, 11]
-    assert sorted(t.client_id for s in shards for t in s) == list(range(6))
 
 
 def test_auto_gpu_fraction():

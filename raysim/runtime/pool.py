@@ -20,17 +20,6 @@ from raysim.rounds import client_groups, group_size  # noqa: F401 (the pool's un
 log = logging.getLogger(__name__)
 
 
-def balance_shards(tasks: list[ClientTask], num_shards: int) -> list[list[ClientTask]]:
-    """Longest-processing-time-first: biggest client to the least-loaded shard."""
-    shards: list[list[ClientTask]] = [[] for _ in range(num_shards)]
-    heap = [(0, i) for i in range(num_shards)]
-    for task in sorted(tasks, key=lambda t: (-t.weight, t.client_id)):
-        load, i = heapq.heappop(heap)
-        shards[i].append(task)
-        heapq.heappush(heap, (load + task.weight, i))
-    return [s for s in shards if s]
-
-
 def balance_groups(groups: list[list[ClientTask]], num_shards: int) -> list[list[list[ClientTask]]]:
     """Shards made of whole groups, balanced largest-first (LPT) on the groups' total weight."""
     shards: list[list[list[ClientTask]]] = [[] for _ in range(num_shards)]
