@@ -47,6 +47,8 @@ def test_walkthrough_algorithm_runs_through_the_cli(tmp_path, monkeypatch):
         "--set",
         "privacy.delta=0.01",
         "--set",
+        "privacy.epsilon=4",
+        "--set",
         "algorithm.beta=0.5",
         "--set",
         "runtime.progress=false",

@@ -62,7 +62,11 @@ def _registry() -> dict[str, Callable[..., nn.Module]]:
 def _builder(name: str) -> Callable[..., nn.Module]:
     reg = _registry()
     if name not in reg:
-        raise ValueError(f"model.name: unknown model {name!r}; allowed: {', '.join(reg)}")
+        from raysim.config import did_you_mean
+
+        allowed = ", ".join(reg)
+        hint = did_you_mean(name, reg)
+        raise ValueError(f"model.name: unknown model {name!r}; allowed: {allowed}{hint}")
     return reg[name]
 
 
