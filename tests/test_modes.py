@@ -258,7 +258,7 @@ def test_client_noise_shares_and_a_server_draw_have_the_same_std():
         SecureContribution(
             0,
             torch.zeros(dim),
-            client_noise_share(1, dim, std, cohort, torch.Generator().manual_seed(c)),
+            client_noise_share(1, dim, std, cohort, np.random.default_rng(c)),
         )
         for c in range(cohort)
     ]

@@ -37,6 +37,10 @@ class PrivacyNeeds:
     dpsgd_schedule: Callable[[int], Sequence[Phase]]  # a client's DP-SGD phases by train size
     selections: tuple[int, float] = (0, 0.0)  # (count, eps each) of exponential-mechanism choices
     id_noise_ratio: float | None = None  # client mode: sigma_ids / sigma_model (None: no ids)
+    # distributed mode: how many secure sums the run releases (None: one per round), and the
+    # share of epsilon one local Gaussian release per client takes (PINA's sketch; 0: none)
+    secure_releases: int | None = None
+    local_release_share: float = 0.0
 
 
 class PrivacyMode:
