@@ -11,13 +11,27 @@ from algorithms.kmeans_cfl import KMeansCFL
 from algorithms.local import Local
 from algorithms.mr_mtl import MRMTL
 from algorithms.oracle import Oracle
+from algorithms.pina import PINA, KMeansSketchCFL
 from algorithms.rdpcfl import RDPCFL
 from algorithms.rr_cluster import RRCluster
 from raysim.config import ConfigError
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
-    for cls in (FedAvg, Local, RDPCFL, IFCA, KMeansCFL, MRMTL, Oracle, RRCluster, FedProx, FedPer)
+    for cls in (
+        FedAvg,
+        Local,
+        RDPCFL,
+        IFCA,
+        KMeansCFL,
+        MRMTL,
+        Oracle,
+        RRCluster,
+        FedProx,
+        FedPer,
+        PINA,
+        KMeansSketchCFL,
+    )
 }
 
 

@@ -194,9 +194,9 @@ class Distributed(PrivacyMode):
     def admit(
         self, algorithm: str, plan: RoundPlan, reports: list[ClientReport], rng: np.random.Generator
     ) -> SecureSums | list[Message]:
-        """SecureSums (with the round's released sketches beside them); a round in which clients
-        only sketched releases no secure sum (nothing charged for it): the server gets the
-        sketches as messages."""
+        """SecureSums (with the round's released sketches beside them). A round planned without
+        a secure sum (``plan.info["secure_sum"] = False``: PINA's sketch round, local training)
+        releases none and is charged none: the server gets only the released sketches."""
         tasks = {t.client_id: t for t in plan.tasks}
         for rep in reports:
             self.check(algorithm, rep, tasks.get(rep.client_id))
@@ -206,7 +206,9 @@ class Distributed(PrivacyMode):
             if r.update is not None
         ]
         contributions = [r.contribution for r in reports if r.contribution is not None]
-        if sketches and not contributions:
+        if plan.info.get("secure_sum", True) is False:  # the algorithm planned no secure sum
+            if contributions:
+                refuse(algorithm, "contribution", "this round has no secure aggregation")
             return sketches
         dim = int(plan.models[0].numel()) if plan.models else 0
         agg = SecureAggregator(len(plan.models), dim, self.privacy.clip, self.std)
