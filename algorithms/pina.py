@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from algorithms.base import FederatedAlgorithm
 from algorithms.clustered import model_scores
@@ -85,6 +85,11 @@ class PinaParams(BaseModel):
     normality_alpha: float = Field(0.05, gt=0, lt=1)
     reselect: bool = True  # stage 2: lowest-loss choice every round (False: keep the label)
     loss_clip: float = Field(5.0, gt=0)  # per-sample loss bound of the (local) choice
+
+    @field_validator("normality", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML reads a bare `off` as false
 
 
 @dataclass
