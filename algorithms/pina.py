@@ -145,6 +145,8 @@ class PINA(FederatedAlgorithm):
             self.dpsgd_schedule,
             secure_releases=self.cfg.rounds - (1 if kmeans_init else 0),
             local_release_share=self.params.sketch_epsilon_share if kmeans_init else 0.0,
+            local_round=1 if kmeans_init else None,
+            local_dim=self.params.sketch_dim if kmeans_init else None,
         )
 
     # -- the round ---------------------------------------------------------------------------

@@ -58,8 +58,11 @@ def test_every_configurable_mode_is_registered_and_named_alike():
 def test_an_algorithm_refuses_a_mode_it_does_not_support():
     from raysim.config import ConfigError
 
-    with pytest.raises(ConfigError, match="privacy.mode: algorithm 'local' does not support"):
-        prep_for("algorithm.name=local", "privacy.mode=distributed", "privacy.noise_cohort_size=5")
+    # per-round k-means on individual updates cannot run behind secure aggregation
+    with pytest.raises(ConfigError, match="privacy.mode: algorithm 'kmeans_cfl' does not support"):
+        prep_for(
+            "algorithm.name=kmeans_cfl", "privacy.mode=distributed", "privacy.noise_cohort_size=5"
+        )
 
 
 # ------------------------------------------------------------- charges from what was released

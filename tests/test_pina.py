@@ -4,6 +4,8 @@ clustering quality on rotated Fashion-MNIST, the normality step, and determinism
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from dp_accounting import (
 )
 from dp_accounting.rdp import RdpAccountant
 from sklearn.metrics import adjusted_rand_score
+from test_modes import replayed_rows
 
 from algorithms import Environment, get_algorithm
 from algorithms.pina import PinaState
@@ -166,6 +169,26 @@ def test_a_run_spends_what_was_calibrated_and_charges_the_sketch_to_its_sender()
     eps = [loop.ledger.epsilon(c) for c in range(16)]
     assert max(eps) <= 8.0 * (1 + 1e-3)
     assert all(eps[c] > max(eps[o] for o in range(16) if o not in sketched) for c in sketched)
+
+
+def test_the_privacy_plan_matches_the_releases_with_a_sketch_round():
+    """`raysim privacy`'s planned charges (sketch to each participant in round 1, then the
+    secure sums) equal what the run charged from its releases."""
+    released, planned = replayed_rows(prep_for(*SMALL, "model.name=linear"))
+    assert len(released) == len(planned) > 16
+    assert released[0]["mechanism"] == SKETCH_MECHANISM
+    for a, b in zip(released, planned, strict=True):
+        for key in ("client", "round", "mechanism"):
+            assert a[key] == b[key]
+        assert json.loads(a["params"]) == json.loads(b["params"])
+        assert a["epsilon"] == pytest.approx(b["epsilon"], rel=1e-9)
+
+
+def test_local_runs_under_distributed_and_charges_nothing():
+    prep = prep_for(*SMALL, "algorithm.name=local")
+    loop, seen = recording_loop(prep)
+    loop.step()
+    assert seen[0][2] == [] and loop.ledger.epsilon(0) == 0.0
 
 
 def test_too_few_rounds_for_stage_one_is_a_config_error():

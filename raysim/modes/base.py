@@ -41,6 +41,8 @@ class PrivacyNeeds:
     # share of epsilon one local Gaussian release per client takes (PINA's sketch; 0: none)
     secure_releases: int | None = None
     local_release_share: float = 0.0
+    local_round: int | None = None  # the round clients release it in (no secure sum that round)
+    local_dim: int | None = None  # its dimension
 
 
 class PrivacyMode:

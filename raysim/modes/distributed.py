@@ -187,9 +187,11 @@ class Distributed(PrivacyMode):
             refuse(algorithm, "update", "under distributed DP only the secure contribution leaves")
         if z is None or repr(rel.event) != repr(local_gaussian_event(z)):
             refuse(algorithm, "update", f"a sketch must carry the calibrated local event (z={z})")
-        value = np.asarray(rel.value)
-        if value.ndim != 1 or value.shape[0] != rel.params.get("k") or not np.isfinite(value).all():
-            refuse(algorithm, "update", "a sketch is one finite vector of its declared dimension")
+        value, k = np.asarray(rel.value), self.needs.local_dim
+        if value.ndim != 1 or value.shape[0] != k or rel.params.get("k") != k:
+            refuse(algorithm, "update", f"a sketch is one vector of the declared dimension {k}")
+        if not np.isfinite(value).all():
+            refuse(algorithm, "update", "a sketch must be finite")
 
     def admit(
         self, algorithm: str, plan: RoundPlan, reports: list[ClientReport], rng: np.random.Generator
@@ -228,7 +230,13 @@ class Distributed(PrivacyMode):
     def planned_charges(
         self, round: int, participants: Sequence[int], selecting: Sequence[int]
     ) -> list[Charge]:
-        """The secure sum's charge (a sketching round's local charges come from the releases)."""
+        """The secure sum's charge; in the algorithm's local-release round, the sketch's
+        Gaussian to each participant instead."""
+        if round == self.needs.local_round and self.plan.local_noise is not None:
+            z, clip = self.plan.local_noise, self.privacy.clip
+            params = {"z": z, "k": self.needs.local_dim, "clip": clip}
+            event = local_gaussian_event(z)
+            return [Charge(SKETCH_MECHANISM, event, list(participants), params)]
         params = {"z": self.plan.noise, "q": self.noise_rate, "sampling": "poisson"}
         event = self.noise_cohort.round_event(self.plan.noise)
         return [Charge("secure_gaussian", event, None, params)]
