@@ -12,6 +12,7 @@ from algorithms.kmeans_cfl import KMeansCFL
 from algorithms.local import Local
 from algorithms.mr_mtl import MRMTL
 from algorithms.oracle import Oracle
+from algorithms.pina import PINA, KMeansSketchCFL
 from algorithms.rdpcfl import RDPCFL
 from algorithms.rr_cluster import RRCluster
 from raysim.config import ConfigError, did_you_mean
@@ -30,6 +31,8 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
         FedProx,
         FedPer,
         DPGroup,
+        PINA,
+        KMeansSketchCFL,
     )
 }
 

@@ -19,18 +19,24 @@ from raysim.protocol import (
 
 class Local(FederatedAlgorithm):
     name = "local"
-    privacy_modes = ("none", "sample")
+    # distributed: nothing leaves the client, so no secure sum is planned and nothing is charged
+    privacy_modes = ("none", "sample", "distributed")
 
     def init_state(self, rng: np.random.Generator) -> None:
         return None
 
     def plan_round(self, state: None, round: int, rng: np.random.Generator) -> RoundPlan:
+        info = {"secure_sum": False} if self.privacy.secure_aggregation else {}
         return RoundPlan(
-            [self.task(c, cluster=None) for c in self.cohort(rng)], [self.env.init_weights]
+            [self.task(c, cluster=None) for c in self.cohort(rng)], [self.env.init_weights], info
         )
 
     def client_step(self, task: ClientTask, ctx: ClientContext) -> ClientReport:
         start = task.state if task.state is not None else ctx.models[0]
+        if self.privacy.secure_aggregation:  # train, keep, send nothing
+            x, y = ctx.train_data()
+            res = ctx.trainer.train(start, x, y, task.train, ctx.generator("train"))
+            return ClientReport(task.client_id, state=start + res.update)
         report = self.train_client(task, ctx, start)
         # the personal model stays on the client (its DP-SGD is still charged)
         report.state = start + report.withhold_update()

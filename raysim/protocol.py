@@ -83,6 +83,9 @@ class SecureSums:
 
     sums: list[torch.Tensor]
     counts: list[float]
+    # Values the clients released in the clear beside the secure sum, already privatized and
+    # charged (PINA's local-DP sketches): one Message each, ``update`` holding the released value.
+    released: list[Message] = field(default_factory=list)
 
     def means(self) -> list[torch.Tensor]:
         return [s / max(c, 1.0) for s, c in zip(self.sums, self.counts, strict=True)]

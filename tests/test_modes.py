@@ -58,8 +58,11 @@ def test_every_configurable_mode_is_registered_and_named_alike():
 def test_an_algorithm_refuses_a_mode_it_does_not_support():
     from raysim.config import ConfigError
 
-    with pytest.raises(ConfigError, match="privacy.mode: algorithm 'local' does not support"):
-        prep_for("algorithm.name=local", "privacy.mode=distributed", "privacy.noise_cohort_size=5")
+    # per-round k-means on individual updates cannot run behind secure aggregation
+    with pytest.raises(ConfigError, match="privacy.mode: algorithm 'kmeans_cfl' does not support"):
+        prep_for(
+            "algorithm.name=kmeans_cfl", "privacy.mode=distributed", "privacy.noise_cohort_size=5"
+        )
 
 
 # ------------------------------------------------------------- charges from what was released
@@ -107,7 +110,9 @@ def test_charges_from_releases_equal_the_plan_on_every_shipped_config(path):
     cfg = load_config(path)
     if cfg.data.dataset == "cifar10" and cfg.data.root is None:
         pytest.skip("CIFAR-10 needs data.root (no offline copy)")
-    sets = ["rounds=2", "model.name=linear", "runtime.progress=false"]
+    # two rounds, or the fewest the algorithm runs (PINA: stage 1, initialisation, one more)
+    rounds = 6 if cfg.algorithm.name in ("pina", "kmeans_cfl_sketch") else 2
+    sets = [f"rounds={rounds}", "model.name=linear", "runtime.progress=false"]
     if cfg.data.dataset in ("fmnist", "mnist") and cfg.data.num_clients <= 50:
         sets.append("data.samples_per_client=200")
     try:
@@ -261,7 +266,7 @@ def test_client_noise_shares_and_a_server_draw_have_the_same_std():
         SecureContribution(
             0,
             torch.zeros(dim),
-            client_noise_share(1, dim, std, cohort, torch.Generator().manual_seed(c)),
+            client_noise_share(1, dim, std, cohort, np.random.default_rng(c)),
         )
         for c in range(cohort)
     ]

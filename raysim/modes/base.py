@@ -40,6 +40,12 @@ class PrivacyNeeds:
     # client mode: identifiers released at this noise-to-signal WITHOUT accounting (0: exact);
     # None: no unaccounted release is allowed (``ClientLevel.release_ids_unaccounted`` refuses)
     unaccounted_id_noise: float | None = None
+    # distributed mode: how many secure sums the run releases (None: one per round), and the
+    # share of epsilon one local Gaussian release per client takes (PINA's sketch; 0: none)
+    secure_releases: int | None = None
+    local_release_share: float = 0.0
+    local_round: int | None = None  # the round clients release it in (no secure sum that round)
+    local_dim: int | None = None  # its dimension
 
 
 class PrivacyMode:

@@ -3,27 +3,80 @@
 Clients clip their update to S (``privacy.clip``) and hand it, in the slot of their (hidden)
 cluster, to the engine's ``SecureAggregator``; the server step receives only the noisy per-slot
 sums and counts, never a report. Noise follows the noise-cohort convention (McMahan et al. 2018,
-pfl-research): accounting assumes a cohort of ``noise_cohort_size`` Poisson-sampled from
-``population`` (q = noise_cohort / population), and the real cohort of m clients gets noise std
-z * sensitivity * m / noise_cohort, so its mean is as noisy as the big cohort's mean would be.
-The numbers hold only for a run with the noise cohort: every output says so.
+pfl-research), implemented once in ``raysim.privacy.distributed.NoiseCohort``: accounting assumes
+a cohort of ``noise_cohort_size`` Poisson-sampled from ``population`` (q = noise_cohort /
+population), and the real cohort of m clients gets noise std z * sensitivity * m / noise_cohort,
+so its mean is as noisy as the big cohort's mean would be. The numbers hold only for a run with
+the noise cohort: every output says so.
+
+Local releases beside the secure sum (PINA's stage-1 sketch). An algorithm that declares
+``PrivacyNeeds.local_release_share = f`` may have each client release ONE vector in the clear,
+privatized on the client by the Gaussian mechanism (``release_sketch``: project, clip to S, add
+N(0, (z_l S)^2)). Accounting, under zero-out adjacency (a client's data replaced by none, its
+vector by zero: the sensitivity of the sketch is S, and the same relation under which the
+Poisson-sampled secure sum is analysed as add/remove-one):
+
+* z_l is calibrated so that one such release alone spends ``f * epsilon`` at delta; it is a
+  plain Gaussian, not amplified by sampling (the server sees who sent it), charged to that client;
+* the secure-sum multiplier z is then calibrated so that the COMPOSITION of that local release
+  with all the run's secure sums (``secure_releases`` Poisson-sampled Gaussians at rate q,
+  charged to the whole population) meets (epsilon, delta): the clients that sketched are the
+  worst case and end exactly at the budget; the others spend less.
+
+Sequential composition of the two is valid because both bound the same neighbouring relation
+of the same client; it is conservative (the population-level secure-sum bound holds for every
+client whether or not it sketched). Caveat: the secure-sum part inherits the noise-cohort
+convention, the sketch does not (its noise is the real per-client noise).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import dp_accounting as dpa
 import numpy as np
 import torch
 
-from raysim.modes.base import PrivacyMode, refuse
+from raysim.modes.base import PrivacyMode, client_releases, group_releases, refuse
 from raysim.modes.secure import SecureAggregator, client_noise_share, contribution_sensitivity
-from raysim.planning import CentralPlan
-from raysim.privacy import clip_l2
-from raysim.protocol import Charge, ClientReport, RoundPlan, SecureContribution, SecureSums
+from raysim.planning import refuse_over_budget
+from raysim.privacy import BudgetError, Released, clip_l2, epsilon, private_sketch
+from raysim.privacy.distributed import (
+    SHARE_PURPOSE,
+    NoiseCohort,
+    calibrate_local,
+    cohort_caveat,
+    local_gaussian_event,
+)
+from raysim.protocol import (
+    Charge,
+    ClientReport,
+    Message,
+    RoundPlan,
+    SecureContribution,
+    SecureSums,
+)
 
 CLIP_TOLERANCE = 1e-5  # float32 rounding of a clipped vector's norm
+SKETCH_MECHANISM = "local_gaussian_sketch"
+
+
+@dataclass(frozen=True)
+class SecurePlan:
+    """The calibrated multipliers: secure sums (z, ``releases`` of them) and the local sketch."""
+
+    noise: float
+    releases: int
+    local_noise: float | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "noise_multiplier": self.noise,
+            "secure_releases": self.releases,
+            "local_noise_multiplier": self.local_noise,
+        }
 
 
 class Distributed(PrivacyMode):
@@ -36,16 +89,40 @@ class Distributed(PrivacyMode):
         super().__init__(cfg, train_sizes, needs)
         p = cfg.privacy
         self.population = p.population or self.num_clients
-        self.noise_rate = p.noise_cohort_size / self.population
-        self.plan = CentralPlan(p, cfg.rounds, self.noise_rate, "poisson", self.population)
+        self.noise_cohort = NoiseCohort(self.population, p.noise_cohort_size)
+        self.noise_rate = self.noise_cohort.sampling_rate
         self.cohort = cfg.training.sampling_rate * self.num_clients  # expected real cohort m
+        self.plan = self._calibrate(needs)
         self._released = False
+
+    def _calibrate(self, needs) -> SecurePlan:
+        p = self.privacy
+        releases = int(needs.secure_releases if needs.secure_releases is not None else 0)
+        releases = releases or self.cfg.rounds
+        share = float(needs.local_release_share)
+        fixed, local = None, None
+        if share > 0:
+            if p.epsilon is None:
+                raise BudgetError(
+                    "privacy.epsilon is required: the local sketch's noise is calibrated to a "
+                    "share of it (privacy.noise_multiplier alone cannot set it)"
+                )
+            local = calibrate_local(share * p.epsilon, p.delta, p.accountant)
+            fixed = local_gaussian_event(local)
+        if p.noise_multiplier is not None:
+            z = p.noise_multiplier
+            event = self.noise_cohort.event(releases, z)
+            total = event if fixed is None else dpa.ComposedDpEvent([fixed, event])
+            refuse_over_budget(epsilon(total, p.delta, p.accountant), p)
+        else:
+            z = self.noise_cohort.calibrate(releases, p.epsilon, p.delta, p.accountant, fixed=fixed)
+        return SecurePlan(z, releases, local)
 
     @property
     def std(self) -> float:
         """Per-coordinate noise std on the real cohort's slot sums."""
-        scale = self.cohort / self.privacy.noise_cohort_size
-        return self.plan.noise * contribution_sensitivity(self.privacy.clip) * scale
+        sens = contribution_sensitivity(self.privacy.clip)
+        return self.noise_cohort.noise_std(self.plan.noise, sens, max(self.cohort, 1.0))
 
     def summary(self) -> dict[str, Any]:
         p = self.privacy
@@ -55,10 +132,7 @@ class Distributed(PrivacyMode):
             "noise_cohort_size": p.noise_cohort_size,
             "population": self.population,
             "noise_std": self.std,
-            "caveat": (
-                f"accounted for a cohort of {p.noise_cohort_size} out of {self.population}; the "
-                "guarantee holds only for a run with that cohort (noise-cohort convention)"
-            ),
+            "caveat": cohort_caveat(p.noise_cohort_size, self.cohort),
         }
 
     # -- client side ---------------------------------------------------------------------------
@@ -69,10 +143,23 @@ class Distributed(PrivacyMode):
         slot = int(task.cluster or 0) if slot is None else int(slot)
         share = None
         if self.privacy.noise_source == "clients":
-            gen = ctx.generator("noise_share")
-            share = client_noise_share(len(ctx.models), vector.numel(), self.std, self.cohort, gen)
+            rng = ctx.rng(SHARE_PURPOSE)
+            share = client_noise_share(len(ctx.models), vector.numel(), self.std, self.cohort, rng)
         report.contribution = SecureContribution(slot, vector.float(), share)
         report.update = report.cluster = None  # nothing else leaves the client
+
+    def release_sketch(
+        self, update: np.ndarray, k: int, projection_seed: int, rng: np.random.Generator
+    ) -> Released:
+        """The client's one local release: a k-dim random projection of ``update`` (public
+        ``projection_seed``), clipped to S and noised at the calibrated z_l."""
+        z = self.plan.local_noise
+        if z is None:
+            raise BudgetError("the algorithm reserved no local release (local_release_share)")
+        clip = self.privacy.clip
+        value = private_sketch(update, k, projection_seed, clip, z, rng)
+        params = {"z": z, "k": int(k), "clip": clip}
+        return Released(value, SKETCH_MECHANISM, local_gaussian_event(z), params)
 
     def report_choice(self, report: ClientReport, choice: Any) -> None:
         """The choice is the contribution's slot: hidden inside the secure sum."""
@@ -81,9 +168,10 @@ class Distributed(PrivacyMode):
 
     # -- the boundary --------------------------------------------------------------------------
     def check(self, algorithm: str, report: ClientReport, task: Any) -> None:
-        for field in ("update", "cluster"):
-            if getattr(report, field, None) is not None:
-                refuse(algorithm, field, "under distributed DP only the secure contribution leaves")
+        if report.update is not None:
+            self._check_sketch(algorithm, report.update)
+        if report.cluster is not None:
+            refuse(algorithm, "cluster", "under distributed DP only the secure contribution leaves")
         if report.extra:
             refuse(algorithm, "extra", "under distributed DP only the secure contribution leaves")
         c = report.contribution
@@ -92,27 +180,63 @@ class Distributed(PrivacyMode):
         if float(c.vector.double().norm()) > self.privacy.clip * (1 + CLIP_TOLERANCE):
             refuse(algorithm, "contribution", f"not clipped to privacy.clip={self.privacy.clip}")
 
+    def _check_sketch(self, algorithm: str, rel: Any) -> None:
+        """An update in the clear is admitted only as the calibrated local sketch release."""
+        z = self.plan.local_noise
+        if not isinstance(rel, Released) or rel.mechanism != SKETCH_MECHANISM:
+            refuse(algorithm, "update", "under distributed DP only the secure contribution leaves")
+        if z is None or repr(rel.event) != repr(local_gaussian_event(z)):
+            refuse(algorithm, "update", f"a sketch must carry the calibrated local event (z={z})")
+        value, k = np.asarray(rel.value), self.needs.local_dim
+        if value.ndim != 1 or value.shape[0] != k or rel.params.get("k") != k:
+            refuse(algorithm, "update", f"a sketch is one vector of the declared dimension {k}")
+        if not np.isfinite(value).all():
+            refuse(algorithm, "update", "a sketch must be finite")
+
     def admit(
         self, algorithm: str, plan: RoundPlan, reports: list[ClientReport], rng: np.random.Generator
-    ) -> SecureSums:
+    ) -> SecureSums | list[Message]:
+        """SecureSums (with the round's released sketches beside them). A round planned without
+        a secure sum (``plan.info["secure_sum"] = False``: PINA's sketch round, local training)
+        releases none and is charged none: the server gets only the released sketches."""
         tasks = {t.client_id: t for t in plan.tasks}
         for rep in reports:
             self.check(algorithm, rep, tasks.get(rep.client_id))
+        sketches = [
+            Message(r.client_id, torch.as_tensor(np.asarray(r.update.value)))
+            for r in reports
+            if r.update is not None
+        ]
         contributions = [r.contribution for r in reports if r.contribution is not None]
+        if plan.info.get("secure_sum", True) is False:  # the algorithm planned no secure sum
+            if contributions:
+                refuse(algorithm, "contribution", "this round has no secure aggregation")
+            return sketches
         dim = int(plan.models[0].numel()) if plan.models else 0
         agg = SecureAggregator(len(plan.models), dim, self.privacy.clip, self.std)
         server_draws = self.privacy.noise_source == "server"
         self._released = True
-        return agg.aggregate(contributions, rng if server_draws else None)
+        sums = agg.aggregate(contributions, rng if server_draws else None)
+        sums.released = sketches
+        return sums
 
     # -- accounting ----------------------------------------------------------------------------
     def charges(self, round: int, reports: list[ClientReport]) -> list[Charge]:
         super().charges(round, reports)
         released, self._released = self._released, False
-        return self.planned_charges(round, [], []) if released else []
+        out = self.planned_charges(round, [], []) if released else []
+        return out + group_releases(client_releases(reports))
 
     def planned_charges(
         self, round: int, participants: Sequence[int], selecting: Sequence[int]
     ) -> list[Charge]:
+        """The secure sum's charge; in the algorithm's local-release round, the sketch's
+        Gaussian to each participant instead."""
+        if round == self.needs.local_round and self.plan.local_noise is not None:
+            z, clip = self.plan.local_noise, self.privacy.clip
+            params = {"z": z, "k": self.needs.local_dim, "clip": clip}
+            event = local_gaussian_event(z)
+            return [Charge(SKETCH_MECHANISM, event, list(participants), params)]
         params = {"z": self.plan.noise, "q": self.noise_rate, "sampling": "poisson"}
-        return [Charge("secure_gaussian", self.plan.round_event(), None, params)]
+        event = self.noise_cohort.round_event(self.plan.noise)
+        return [Charge("secure_gaussian", event, None, params)]

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from raysim.privacy.distributed import noise_share, server_noise
 from raysim.protocol import SecureContribution, SecureSums
 
 # Weight of the member count beside the clipped vector: small, so the count costs the vector only
@@ -29,11 +30,11 @@ def contribution_sensitivity(clip: float) -> float:
 
 
 def client_noise_share(
-    num_slots: int, dim: int, std: float, cohort: float, generator: torch.Generator
+    num_slots: int, dim: int, std: float, cohort: float, rng: np.random.Generator
 ) -> torch.Tensor:
-    """One client's share of the noise on every slot (vector and count), from its own stream."""
-    share = torch.randn((num_slots, dim + 1), generator=generator, dtype=torch.float64)
-    return share * (std / math.sqrt(cohort))
+    """One client's share of the noise on every slot (vector and count), from its own stream
+    (``raysim.privacy.distributed.noise_share``: the one implementation of the shares)."""
+    return torch.from_numpy(noise_share(std, cohort, (num_slots, dim + 1), rng))
 
 
 class SecureAggregator:
@@ -53,7 +54,7 @@ class SecureAggregator:
             if c.noise_share is not None:
                 total += c.noise_share
         if rng is not None:
-            total += torch.from_numpy(rng.normal(0.0, self.std, size=tuple(total.shape)))
+            total += torch.from_numpy(server_noise(self.std, tuple(total.shape), rng))
         sums = [row[: self.dim].float() for row in total]
         counts = [float(row[self.dim]) / (COUNT_WEIGHT * self.clip) for row in total]
         return SecureSums(sums, counts)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import dp_accounting as dpa
 import numpy as np
 
-from raysim.privacy.accounting import AccountantKind, central_event
-from raysim.privacy.calibration import calibrate_central
+from raysim.privacy.accounting import AccountantKind, central_event, central_round_event
+from raysim.privacy.calibration import calibrate_central, calibrate_noise
 from raysim.privacy.errors import PrivacyConfigError
 
 DEFAULT_NOISE_COHORT = 10_000
@@ -64,6 +64,10 @@ class NoiseCohort:
         """``rounds`` Poisson-sampled Gaussian releases at rate ``q`` (one per round)."""
         return central_event(rounds, self.sampling_rate, noise_multiplier)
 
+    def round_event(self, noise_multiplier: float) -> dpa.DpEvent:
+        """One secure-sum release: the Poisson-sampled Gaussian charged to the population."""
+        return central_round_event(self.sampling_rate, noise_multiplier)
+
     def calibrate(
         self,
         rounds: int,
@@ -71,19 +75,30 @@ class NoiseCohort:
         delta: float | None = None,
         accountant: AccountantKind = "rdp",
         rel_tol: float = 1e-3,
+        fixed: dpa.DpEvent | None = None,
     ) -> float:
-        """Smallest noise multiplier ``z`` meeting ``(target_epsilon, delta)`` over ``rounds``."""
-        d = self.default_delta if delta is None else delta
-        noise = calibrate_central(
-            rounds, self.sampling_rate, target_epsilon, d, accountant=accountant, rel_tol=rel_tol
-        )
-        return noise.model
+        """Smallest noise multiplier ``z`` meeting ``(target_epsilon, delta)`` over ``rounds``.
 
-    def noise_std(self, noise_multiplier: float, clip: float, cohort: int) -> float:
+        ``fixed``: releases of the run whose noise is already set (PINA's local sketch), composed
+        with the ``rounds`` secure sums, so the whole run meets the target."""
+        d = self.default_delta if delta is None else delta
+        if fixed is None:
+            q = self.sampling_rate
+            return calibrate_central(
+                rounds, q, target_epsilon, d, accountant=accountant, rel_tol=rel_tol
+            ).model
+
+        def make_event(z: float) -> dpa.DpEvent:
+            return dpa.ComposedDpEvent([fixed, self.event(rounds, z)])
+
+        return calibrate_noise(make_event, target_epsilon, d, accountant, rel_tol)
+
+    def noise_std(self, noise_multiplier: float, clip: float, cohort: float) -> float:
         """Per-coordinate std of the noise on the real cohort's sum: ``z * S * m / noise_cohort``.
 
-        ``m`` is the real cohort size (pfl-research scales by the configured cohort size)."""
-        if cohort < 1:
+        ``m`` is the real cohort size (pfl-research scales by the configured cohort size; the
+        engine passes the expected cohort, sampling rate times clients)."""
+        if not cohort >= 1:
             raise PrivacyConfigError(f"cohort must be >= 1, got {cohort}")
         if not clip > 0 or not noise_multiplier >= 0:
             raise PrivacyConfigError("need clip > 0 and noise_multiplier >= 0")
@@ -96,17 +111,30 @@ def server_noise(std: float, shape: int | tuple[int, ...], rng: np.random.Genera
 
 
 def noise_share(
-    std: float, cohort: int, shape: int | tuple[int, ...], rng: np.random.Generator
+    std: float, cohort: float, shape: int | tuple[int, ...], rng: np.random.Generator
 ) -> np.ndarray:
     """One client's share ``N(0, std^2 / cohort)``: the shares of ``cohort`` clients sum to
     ``N(0, std^2)`` under secure aggregation, so no single party knows the total noise. Pass
     ``numpy_rng(seed, round, client, SHARE_PURPOSE)`` as ``rng``."""
-    if cohort < 1:
+    if not cohort >= 1:
         raise PrivacyConfigError(f"cohort must be >= 1, got {cohort}")
     return rng.normal(0.0, std / math.sqrt(cohort), size=shape)
 
 
-def cohort_caveat(noise_cohort: int, cohort: int) -> str:
+def local_gaussian_event(noise_multiplier: float) -> dpa.DpEvent:
+    """One client's local Gaussian release (PINA's sketch), not amplified: the server sees who
+    sent it. Multiplier = std / sensitivity under zero-out adjacency (sensitivity = the clip)."""
+    return dpa.GaussianDpEvent(noise_multiplier)
+
+
+def calibrate_local(
+    target_epsilon: float, delta: float, accountant: AccountantKind = "rdp", rel_tol: float = 1e-3
+) -> float:
+    """Smallest multiplier of one local Gaussian release spending ``target_epsilon`` alone."""
+    return calibrate_noise(local_gaussian_event, target_epsilon, delta, accountant, rel_tol)
+
+
+def cohort_caveat(noise_cohort: float, cohort: float) -> str:
     """The sentence every output of a noise-cohort run must carry."""
     return (
         f"privacy numbers assume {noise_cohort} clients per round (noise-cohort convention, "

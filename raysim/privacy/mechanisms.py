@@ -23,6 +23,7 @@ __all__ = [
     "onehot_noise_multiplier",
     "SKETCH_DIM",
     "private_sketch",
+    "sketch_projection",
     "privatize_onehot",
 ]
 
@@ -202,5 +203,17 @@ def private_sketch(
     u = np.asarray(update, dtype=np.float64)
     if u.ndim not in (1, 2):
         raise ValueError(f"update must be a vector or a matrix of rows, got shape {u.shape}")
-    sketch = clip_l2(_project(u, k, projection_seed), clip)
-    return gaussian_mechanism(sketch, clip, noise_multiplier, rng)
+    return gaussian_mechanism(
+        sketch_projection(u, k, projection_seed, clip), clip, noise_multiplier, rng
+    )
+
+
+def sketch_projection(update: np.ndarray, k: int, projection_seed: int, clip: float) -> np.ndarray:
+    """The sketch before its noise: the seeded projection, clipped to ``clip`` (what a client
+    adds to a secure sum, e.g. PINA's DP Lloyd's stage 1, or uses locally)."""
+    if k < 1:
+        raise PrivacyConfigError(f"k must be >= 1, got {k}")
+    u = np.asarray(update, dtype=np.float64)
+    if u.ndim not in (1, 2):
+        raise ValueError(f"update must be a vector or a matrix of rows, got shape {u.shape}")
+    return clip_l2(_project(u, k, projection_seed), clip)
