@@ -40,7 +40,8 @@ def job(config: str, eps: str, algorithm: str, seed: str, sets: list[str], out: 
     cmd += ["--algorithms", algorithm, "--seeds", seed, "--out", str(out / f"eps{eps}")]
     for s in [*sets, f"privacy.epsilon={eps}"]:
         cmd += ["--set", s]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     log = out / "logs" / f"eps{eps}-{algorithm}-seed{seed}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
