@@ -46,6 +46,8 @@ class Local(FederatedAlgorithm):
         self, tasks: list[ClientTask], ctxs: list[ClientContext]
     ) -> list[ClientReport]:
         """client_step for a group, through the vectorized trainer."""
+        if self.privacy.secure_aggregation:  # nothing is released: the per-client path
+            return [self.client_step(t, c) for t, c in zip(tasks, ctxs, strict=True)]
         starts = [
             t.state if t.state is not None else c.models[0]
             for t, c in zip(tasks, ctxs, strict=True)

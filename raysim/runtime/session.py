@@ -52,7 +52,7 @@ def _start_workers(prep: Any, data_ref: Any, gpus: float) -> list[Any]:
     """The ClientWorker actors, started by the driver so that they import torch and build their
     model while the coordinator actor starts (not after it, as when it starts them)."""
     rt = prep.cfg.runtime
-    size = len(prep.env.true_clusters) if rt.actor_per_client else rt.num_workers
+    size = len(prep.truth) if rt.actor_per_client else rt.num_workers
     make = worker_factory(prep.cfg, prep.algorithm, data_ref, gpus)
     return [make(i) for i in range(size)]
 
