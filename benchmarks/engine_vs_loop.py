@@ -12,7 +12,8 @@ also evaluates), peak PSS of the whole process tree (driver, Ray's daemons and a
 RSS, which counts torch's shared libraries once per process), and achieved GFLOP/s as a
 fraction of the machine's peak (FLOPs of the clients' forward+backward passes counted with
 torch.utils.flop_counter; peak from a large matmul in this run, with as many threads as cores).
-The loop is `LocalTrainer` per client (torch.optim SGD; DP-SGD through Opacus), 2 torch threads.
+The loop is `LocalTrainer` per client (torch.optim SGD; DP-SGD through Opacus), 2 torch threads,
+in PyTorch's default memory format (the engine trains convolutions channels-last on CPU).
 
     python benchmarks/engine_vs_loop.py [--dp] [--clients 10000] [--reps 2] [--workers 2]
 
@@ -89,18 +90,20 @@ def pss_bytes(pids: list[int]) -> int:
     return total
 
 
-def run_child(cmd: list[str], poll: Path | None = None) -> dict:
-    """Run cmd; peak PSS of its tree (sampled every 0.25 s), wall, and the time `poll` (a file)
-    first appeared."""
+def run_child(cmd: list[str], poll: list[Path] = ()) -> dict:
+    """Run cmd; peak PSS of its tree (sampled every 0.25 s), wall, and the time the first of the
+    files `poll` appeared."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
     t0 = time.time()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    peak, seen = 0, None
+    peak, seen, tick = 0, None, 0
     while proc.poll() is None:
-        peak = max(peak, pss_bytes(tree_pids(proc.pid)))
-        if poll is not None and seen is None and poll.exists():
+        if tick % 5 == 0:  # reading every process's smaps costs CPU the run would use
+            peak = max(peak, pss_bytes(tree_pids(proc.pid)))
+        if seen is None and any(p.exists() for p in poll):
             seen = time.time()
-        time.sleep(0.25)
+        tick += 1
+        time.sleep(0.05)
     wall = time.time() - t0
     out, err = proc.communicate()
     if proc.returncode != 0:
@@ -112,7 +115,9 @@ def engine_rep(args: argparse.Namespace, tmp: Path, rep: int) -> dict:
     out = tmp / f"engine-{rep}"
     sets = [x for s in workload(args) for x in ("--set", s)]
     cmd = [sys.executable, "-m", "raysim.cli", "run", str(CONFIG), "--out", str(out), *sets]
-    res = run_child(cmd, poll=out / "metrics.parquet")
+    # metrics.parquet appears in the staging directory (OUT.incomplete) as round 1 ends; OUT
+    # itself only when the run is over
+    res = run_child(cmd, poll=[out.with_name(out.name + ".incomplete") / "metrics.parquet"])
     import pyarrow.parquet as pq
 
     rounds = pq.read_table(out / "metrics.parquet").column("round_seconds").to_pylist()
@@ -189,6 +194,7 @@ def loop_child(args: argparse.Namespace) -> None:
     ds = build_federated_dataset(cfg.data, cfg.seed)
     model = build_model("cnn", ds.feature_shape, ds.num_classes, seed=0)
     trainer = LocalTrainer(model, ds.task)
+    trainer.channels_last = False  # PyTorch's default memory format, as a user's loop has it
     weights = flat_params(model)
     t = cfg.training
     train = TrainConfig(

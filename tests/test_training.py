@@ -177,3 +177,26 @@ def test_bad_inputs():
         t.train(w0, x, y[:-1], TrainConfig(lr=0.1, batch_size=8), gen(0))
     with pytest.raises(ValueError):
         LocalTrainer(build_model("mlp", (4,), 2), "ranking")
+
+
+def test_channels_last_matches_default_format_and_leaves_opacus_exact():
+    """Convolutions train channels-last on CPU (faster); the update equals the default format's
+    to float rounding, and a DP-SGD client (Opacus, default format) after a plain one gets the
+    same bits as on a fresh trainer."""
+    x, y = blobs()
+    cfg = TrainConfig(lr=0.1, batch_size=16, local_epochs=2, momentum=0.9)
+    fast, plain = trainer("cnn"), trainer("cnn")
+    plain.channels_last = False
+    w = flat_params(fast.model)
+    a = fast.train(w, x, y, cfg, gen(3))
+    b = plain.train(w, x, y, cfg, gen(3))
+    assert fast.model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    assert plain.model.conv1.weight.is_contiguous()
+    torch.testing.assert_close(a.update, b.update, rtol=1e-4, atol=1e-6)
+    assert fast.evaluate(w, x, y).loss == pytest.approx(plain.evaluate(w, x, y).loss, rel=1e-5)
+
+    dp = dataclasses.replace(cfg, momentum=0.0, dp_noise_multiplier=1.0, dp_clip=1.0)
+    after_plain = fast.train(w, x, y, dp, gen(4))
+    default = trainer("cnn")
+    default.channels_last = False  # Opacus' conv per-sample gradients are wrong channels-last
+    assert torch.equal(after_plain.update, default.train(w, x, y, dp, gen(4)).update)
