@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -75,8 +76,6 @@ def _print_results(dirs: Sequence[Path], plot_to: Path | None = None) -> None:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """Continue a run from its checkpoint (in OUT.incomplete), with the config it started with."""
-    import os
-
     from raysim import rundir
     from raysim.runtime.checkpoint import load_checkpoint
 
@@ -247,5 +246,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def entry() -> None:
+    """The `raysim` command (and `python -m raysim.cli`). It leaves without tearing the
+    interpreter down, which takes ~1 s once torch and Ray are loaded: when `main` returns,
+    everything is written and moved into place, so only a connection to a cluster and the
+    standard streams are left to close."""
+    code = main()
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():  # connected to `runtime.address`: disconnect cleanly
+            ray.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
