@@ -204,7 +204,7 @@ class FederatedAlgorithm(Algorithm):
         """Train from ``weights``; the update goes on the report as the privacy mode releases it
         (``slot``: the model trained, where a secure aggregation adds it)."""
         x, y = ctx.train_data()
-        res = ctx.trainer.train(weights, x, y, task.train, ctx.generator("train"))
+        res = ctx.trainer.train_one(weights, x, y, task.train, ctx.generator("train"))
         report = ClientReport(
             task.client_id, None, res.num_samples, task.cluster, res.train_loss, extra=extra
         )

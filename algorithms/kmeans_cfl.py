@@ -55,7 +55,7 @@ class KMeansCFL(ClusteredAlgorithm):
     def client_step(self, task: ClientTask, ctx: ClientContext) -> ClientReport:
         x, y = ctx.train_data()
         results = [
-            ctx.trainer.train(w, x, y, task.train, ctx.generator(f"train_model{m}"))
+            ctx.trainer.train_one(w, x, y, task.train, ctx.generator(f"train_model{m}"))
             for m, w in enumerate(ctx.models)
         ]
         report = ClientReport(task.client_id, None, len(x), None, results[-1].train_loss)

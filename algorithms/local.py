@@ -35,7 +35,7 @@ class Local(FederatedAlgorithm):
         start = task.state if task.state is not None else ctx.models[0]
         if self.privacy.secure_aggregation:  # train, keep, send nothing
             x, y = ctx.train_data()
-            res = ctx.trainer.train(start, x, y, task.train, ctx.generator("train"))
+            res = ctx.trainer.train_one(start, x, y, task.train, ctx.generator("train"))
             return ClientReport(task.client_id, state=start + res.update)
         report = self.train_client(task, ctx, start)
         # the personal model stays on the client (its DP-SGD is still charged)

@@ -190,7 +190,9 @@ class PINA(FederatedAlgorithm):
         state = dict(task.state) if isinstance(task.state, dict) else {}
         if "update" not in state:
             x, y = ctx.train_data()
-            res = ctx.trainer.train(self.env.init_weights, x, y, task.train, ctx.generator("base"))
+            res = ctx.trainer.train_one(
+                self.env.init_weights, x, y, task.train, ctx.generator("base")
+            )
             state["update"], state["n"] = res.update.detach().clone(), res.num_samples
         return state["update"], int(state["n"]), state
 
@@ -263,7 +265,7 @@ class PINA(FederatedAlgorithm):
         else:
             slot = int(state["slot"])
         state.pop("update", None)  # stage 1 is over: the base update is no longer needed
-        res = ctx.trainer.train(ctx.models[slot], x, y, task.train, ctx.generator("train"))
+        res = ctx.trainer.train_one(ctx.models[slot], x, y, task.train, ctx.generator("train"))
         report = ClientReport(task.client_id, None, res.num_samples, None, res.train_loss)
         report.state = {**state, "slot": slot}
         self.privacy.release_update(report, task, res, ctx, slot)

@@ -100,6 +100,18 @@ class LocalTrainer:
             for w, (x, y), c, g in zip(weights, data, cfgs, generators, strict=True)
         ]
 
+    def train_one(
+        self,
+        weights: torch.Tensor,
+        x: np.ndarray,
+        y: np.ndarray,
+        cfg: TrainConfig,
+        generator: torch.Generator,
+    ) -> TrainResult:
+        """One client as a group of one: the vectorized DP-SGD path where it applies (~1.3-1.4x
+        Opacus' per client on CPU), else ``train``; same draws either way."""
+        return self.train_many([weights], [(x, y)], [cfg], [generator])[0]
+
     # ------------------------------------------------------------------ training
     def train(
         self,
