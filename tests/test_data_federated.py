@@ -6,10 +6,12 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from raysim.config import DataConfig
 from raysim.data import FederatedDataset, build_federated_dataset, describe, load_base
+from raysim.data.partition import apply_shift
 
 PAPER = dict(dataset="digits", num_clients=21, cluster_sizes=[3, 6, 6, 6])
 
@@ -133,9 +135,10 @@ def test_separation_scales_the_weights() -> None:
 
 def test_views_are_read_only_and_pickle_once() -> None:
     fd = build_federated_dataset(DataConfig(**PAPER), 0)
-    x, _ = fd.client_train(0)
-    assert not x.flags.writeable
-    assert np.shares_memory(x, fd.client_train(0)[0])
+    pixels = fd.client_pixels(0)
+    assert pixels.dtype == np.uint8 and not pixels.flags.writeable
+    assert np.shares_memory(pixels, fd.client_pixels(0))
+    assert not fd.client_train(0)[1].flags.writeable
     blob = pickle.dumps(fd, protocol=5)
     assert len(blob) < 1.2 * fd.nbytes  # the views do not travel next to the table
     back = pickle.loads(blob)
@@ -161,3 +164,23 @@ def test_describe_mentions_clusters_and_labels() -> None:
     assert "68/68/68" in text and "labels" in text
     reg = build_federated_dataset(DataConfig(dataset="synthetic_linear", num_clients=3), 0)
     assert "y mean/std" in describe(reg)
+
+
+def test_images_are_stored_as_pixels_and_read_with_the_loaders_bits() -> None:
+    """The table holds uint8 pixels (4x smaller); a client's rows decode to exactly what the
+    float32 loader path gives, rotation included."""
+    cfg = DataConfig(**PAPER, shift="rotation")
+    fd = build_federated_dataset(cfg, 0)
+    base = load_base(cfg.dataset, None, 0, cfg)
+    rows = fd.table.column("source_index").to_numpy()
+    x, y = base.x[rows].copy(), base.y[rows].copy()
+    apply_shift(x, y, np.repeat(fd.true_cluster, fd.sizes), cfg.shift, base.num_classes)
+    for i in range(fd.num_clients):
+        lo, hi = fd.offsets[i], fd.offsets[i + 1]
+        got = np.concatenate([fd.client_train(i)[0], fd.client_test(i)[0]])
+        assert got.dtype == np.float32 and np.array_equal(got, x[lo:hi])
+        assert np.array_equal(
+            np.concatenate([fd.client_train(i)[1], fd.client_test(i)[1]]), y[lo:hi]
+        )
+    assert fd.table.column("x").type.value_type == pa.uint8()
+    assert fd.nbytes < 0.4 * x.nbytes

@@ -1,17 +1,20 @@
 """The federated population: one columnar table, sliced per client without copies.
 
-Storage choice. The population is one ``pyarrow.Table`` (``x``: FixedSizeList<float32> of the
-flattened features, ``y``, ``source_index``) plus small numpy metadata. Ray pickles with protocol 5
-and hands every Arrow buffer (and numpy array) out of band, so ``ray.put(fd)`` writes the column
-buffers into the object store once and ``ray.get`` in any worker maps them back without a copy:
-the numpy views returned by :meth:`FederatedDataset.client_train` point straight into the shared
-plasma memory (``tests/test_data_ray.py`` checks the address lies in ``/dev/shm/plasma*`` and is
-the same across two ``ray.get`` calls). The derived numpy views are dropped when pickling, or the
-data would travel twice.
+Storage choice. The population is one ``pyarrow.Table`` (``x``: FixedSizeList of the flattened
+features, ``y``, ``source_index``) plus small numpy metadata. Image datasets store their uint8
+pixels (``pixels``, a ``PixelCodec``) and standardise a client's rows when they are read, with
+the loader's own float32 operations (the same bits, a 4x smaller table); other data is float32.
+Ray pickles with protocol 5 and hands every Arrow buffer (and numpy array) out of band, so
+``ray.put(fd)`` writes the column buffers into the object store once and ``ray.get`` in any
+worker maps them back without a copy: the numpy views returned by
+:meth:`FederatedDataset.client_train` point straight into the shared plasma memory for float32
+data, and so do the pixel views images are decoded from (``tests/test_data_ray.py`` checks the
+address lies in ``/dev/shm/plasma*`` and is the same across two ``ray.get`` calls). The derived
+numpy views are dropped when pickling, or the data would travel twice.
 
-The views are read-only (Arrow buffers are immutable): copy before mutating. ``torch.from_numpy``
-warns on read-only arrays; use ``torch.tensor(x)`` (one copy per batch) or
-``torch.from_numpy(x.copy())``.
+The views are read-only (Arrow buffers are immutable): copy before mutating (decoded images are
+fresh arrays). ``torch.from_numpy`` warns on read-only arrays; use ``torch.tensor(x)`` (one copy
+per batch) or ``torch.from_numpy(x.copy())``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from raysim.data.partition import (
 )
 from raysim.data.public import private_pool
 from raysim.data.seeding import rng_for
-from raysim.data.sources import BaseData, load_base
+from raysim.data.sources import BaseData, PixelCodec, load_base
 from raysim.data.synthetic import make_synthetic_linear
 
 _VIEWS = ("_x", "_y")
@@ -43,7 +46,7 @@ _VIEWS = ("_x", "_y")
 class FederatedDataset:
     """All clients' data; rows ordered by client, each client's train rows then its test rows."""
 
-    table: pa.Table  # x: fixed_size_list<float32>[prod(feature_shape)], y, source_index
+    table: pa.Table  # x: fixed_size_list<float32 | uint8>[prod(feature_shape)], y, source_index
     offsets: np.ndarray  # (num_clients + 1,) int64: client i owns rows offsets[i]:offsets[i+1]
     num_train: np.ndarray  # (num_clients,) int64: the first num_train[i] rows of i are train
     true_cluster: np.ndarray  # (num_clients,) int64
@@ -52,6 +55,7 @@ class FederatedDataset:
     task: str  # "classification" | "regression"
     dataset: str
     meta: dict[str, Any] = field(default_factory=dict)  # provenance: seed, shift, true params...
+    pixels: PixelCodec | None = None  # x holds uint8 pixels, standardised on read
 
     def __post_init__(self) -> None:
         if any(self.table.column(c).num_chunks != 1 for c in self.table.column_names):
@@ -110,16 +114,22 @@ class FederatedDataset:
         return np.flatnonzero(self.true_cluster == k)
 
     def client_train(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Client i's training ``(x, y)``: read-only views, x shaped (n, *feature_shape)."""
+        """Client i's training ``(x, y)``: float32 x shaped (n, *feature_shape), y a read-only
+        view (x too, except for images, which are decoded from their pixel view)."""
         lo = self.offsets[i]
-        hi = lo + self.num_train[i]
-        return self._x[lo:hi], self._y[lo:hi]
+        return self._rows(lo, lo + self.num_train[i])
 
     def client_test(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Client i's local test ``(x, y)``: read-only views."""
-        lo = self.offsets[i] + self.num_train[i]
-        hi = self.offsets[i + 1]
-        return self._x[lo:hi], self._y[lo:hi]
+        """Client i's local test ``(x, y)``, as ``client_train``."""
+        return self._rows(self.offsets[i] + self.num_train[i], self.offsets[i + 1])
+
+    def client_pixels(self, i: int) -> np.ndarray | None:
+        """Client i's stored rows (train then test) as uint8 pixel views; None when not images."""
+        return None if self.pixels is None else self._x[self.offsets[i] : self.offsets[i + 1]]
+
+    def _rows(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        x = self._x[lo:hi]
+        return (x if self.pixels is None else self.pixels.decode(x)), self._y[lo:hi]
 
     def client_source_index(self, i: int) -> np.ndarray:
         """Pool index of each of client i's rows (train then test): for tests and debugging."""
@@ -141,6 +151,7 @@ class FederatedDataset:
             "task": self.task,
             "dataset": self.dataset,
             "meta": {k: np.asarray(v).tolist() for k, v in self.meta.items()},
+            "pixels": None if self.pixels is None else self.pixels.dataset,
         }
         table = self.table.replace_schema_metadata({"raysim": json.dumps(header)})
         pq.write_table(table, path)
@@ -164,12 +175,15 @@ class FederatedDataset:
             task=header["task"],
             dataset=header["dataset"],
             meta=meta,
+            pixels=PixelCodec(header["pixels"]) if header.get("pixels") else None,
         )
 
 
 def make_table(x: np.ndarray, y: np.ndarray, source_index: np.ndarray) -> pa.Table:
-    """Columnar population table; wraps the numpy buffers without copying them."""
-    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(len(x), -1)
+    """Columnar population table; wraps the numpy buffers without copying them (x: uint8
+    pixels stay uint8, anything else becomes float32)."""
+    dtype = np.uint8 if x.dtype == np.uint8 else np.float32
+    flat = np.ascontiguousarray(x, dtype=dtype).reshape(len(x), -1)
     xcol = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
     return pa.table(
         {
@@ -235,7 +249,9 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
     rows, offsets, num_train = split_train_test(
         list(allocation), cfg.train_fraction, rng_for(seed, "split")
     )
-    x, y = base.x[rows], base.y[rows]
+    # images travel as their uint8 pixels (rotated as they are), standardised when read
+    x = base.x[rows] if base.pixels is None else base.pixels[rows]
+    y = base.y[rows]
     if base.task == "classification":
         apply_shift(x, y, np.repeat(clusters, np.diff(offsets)), cfg.shift, base.num_classes)
     return FederatedDataset(
@@ -248,4 +264,5 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
         task=base.task,
         dataset=cfg.dataset,
         meta=meta,
+        pixels=None if base.pixels is None else PixelCodec(cfg.dataset),
     )
