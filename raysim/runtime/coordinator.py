@@ -39,7 +39,9 @@ def worker_factory(
     actor = ray.remote(ClientWorker).options(
         num_cpus=rt.cpus_per_worker,
         num_gpus=num_gpus_per_worker,
-        max_restarts=-1,
+        # The pool replaces a lost worker itself (WorkerPool._replace). A restartable actor whose
+        # arguments hold an object ref makes Ray log an error line on every run.
+        max_restarts=0,
         **worker_placement(),
     )
     spec = model_spec(cfg)

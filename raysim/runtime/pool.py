@@ -50,8 +50,8 @@ class WorkerPool:
 
     def _replace(self, index: int) -> None:
         log.warning("worker %d lost: starting a replacement", index)
-        # Ray would also restart the lost actor (max_restarts): stop that, or the restart and the
-        # replacement both hold the worker's CPUs, which a cluster short of a node lacks.
+        # Workers are not restartable (max_restarts=0); a worker that timed out may still be
+        # alive: kill it, or it and its replacement both hold the worker's CPUs.
         ray.kill(self.workers[index], no_restart=True)
         self.workers[index] = self._make(index)
         self.replaced += 1

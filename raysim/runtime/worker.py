@@ -38,8 +38,8 @@ class ClientWorker:
     ) -> None:
         torch.set_num_threads(threads)
         self.algorithm = algorithm
-        if isinstance(dataset, list):  # [ObjectRef]: a boxed ref keeps Ray from warning that
-            import ray  # a restartable actor's constructor argument lives in the object store
+        if isinstance(dataset, list):  # [ObjectRef]: fetched here, zero-copy
+            import ray
 
             dataset = ray.get(dataset[0])
         self.dataset = dataset  # zero-copy views of the object store
