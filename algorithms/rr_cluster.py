@@ -52,9 +52,9 @@ from algorithms.clustered import ClusterState
 from algorithms.fedcam import fedcam_moves, joint_sensitivity
 from algorithms.fesem import fesem_step
 from algorithms.ifca import IFCA, IFCAParams
+from raysim import privacy as privacy_lib
 from raysim.config import ConfigError
 from raysim.modes import PrivacyNeeds
-from raysim.privacy import calibrate_central
 from raysim.privacy.identifiers import keep_probability, noise_to_signal
 from raysim.protocol import (
     ClientContext,
@@ -171,7 +171,7 @@ class RRCluster(IFCA):
         p, t = self.cfg.privacy, self.cfg.training
         if p.epsilon is None:
             return {}
-        z = calibrate_central(
+        z = privacy_lib.calibrate_central(
             self.cfg.rounds,
             t.sampling_rate,
             p.epsilon,

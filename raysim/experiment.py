@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from raysim import privacy as privacy_lib
 from raysim.config import ConfigError, ExperimentConfig
 from raysim.data import FederatedDataset, build_federated_dataset
 from raysim.models import build_from_spec, flat_params, init_seed, model_spec
-from raysim.privacy import BudgetError, PrivacyConfigError, check_sample_level_delta
+from raysim.privacy import BudgetError, PrivacyConfigError
 
 
 @dataclass
@@ -51,7 +52,7 @@ def check_against_data(cfg: ExperimentConfig, ds: FederatedDataset) -> None:
         raise ConfigError(f"model.name: {cfg.data.dataset} is a regression task; use linear or mlp")
     if cfg.privacy.mode == "sample":
         try:
-            check_sample_level_delta(cfg.privacy.delta, int(np.min(ds.train_sizes)))
+            privacy_lib.check_sample_level_delta(cfg.privacy.delta, int(np.min(ds.train_sizes)))
         except (PrivacyConfigError, BudgetError) as exc:
             raise ConfigError(str(exc)) from None
 

@@ -13,19 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from dp_accounting import ComposedDpEvent, SelfComposedDpEvent
 
+from raysim import privacy as privacy_lib
 from raysim.config import PrivacyConfig
-from raysim.privacy import (
-    BudgetError,
-    Phase,
-    calibrate_central,
-    calibrate_dpsgd,
-    central_round_event,
-    dpsgd_event,
-    epsilon,
-    selection_event,
-)
+from raysim.privacy import BudgetError, Phase
 from raysim.training import TrainConfig, sampling_plan
 
 
@@ -67,7 +58,7 @@ class SampleLevelPlan:
             if fixed:
                 self.noise[n] = self.privacy.noise_multiplier
             else:
-                self.noise[n] = calibrate_dpsgd(
+                self.noise[n] = privacy_lib.calibrate_dpsgd(
                     list(self.schedule(n)),
                     self.privacy.epsilon,
                     self.privacy.delta,
@@ -83,18 +74,25 @@ class SampleLevelPlan:
 
     def round_event(self, client: int, round: int) -> Any:
         n = int(self.train_sizes[client])
-        return dpsgd_event([self.schedule(n)[round - 1]], self.noise[n])
+        return privacy_lib.dpsgd_event([self.schedule(n)[round - 1]], self.noise[n])
 
     def planned_event(self, n: int) -> Any:
+        from dp_accounting import ComposedDpEvent  # loads on first use (raysim/privacy)
+
         count, sel_eps = self.selections
         return ComposedDpEvent(
-            [dpsgd_event(list(self.schedule(n)), self.noise[n]), selection_event(sel_eps, count)]
+            [
+                privacy_lib.dpsgd_event(list(self.schedule(n)), self.noise[n]),
+                privacy_lib.selection_event(sel_eps, count),
+            ]
         )
 
     def planned_epsilon(self) -> float:
         """The worst client's eps over the whole planned schedule, selections included."""
         p = self.privacy
-        return max(epsilon(self.planned_event(n), p.delta, p.accountant) for n in self.noise)
+        return max(
+            privacy_lib.epsilon(self.planned_event(n), p.delta, p.accountant) for n in self.noise
+        )
 
     def summary(self) -> dict[str, Any]:
         zs = list(self.noise.values())
@@ -129,10 +127,12 @@ class CentralPlan:
         if p.noise_multiplier is not None:
             self.noise = ratio = p.noise_multiplier
             self.id_noise = None if self.id_noise_ratio is None else ratio * self.id_noise_ratio
+            from dp_accounting import SelfComposedDpEvent  # loads on first use (raysim/privacy)
+
             planned = SelfComposedDpEvent(self.round_event(), self.rounds)
-            refuse_over_budget(epsilon(planned, p.delta, p.accountant), p)
+            refuse_over_budget(privacy_lib.epsilon(planned, p.delta, p.accountant), p)
             return
-        calibrated = calibrate_central(
+        calibrated = privacy_lib.calibrate_central(
             self.rounds,
             self.sampling_rate,
             p.epsilon,
@@ -148,7 +148,7 @@ class CentralPlan:
         return clip if self.sampling == "poisson" else 2 * clip
 
     def round_event(self) -> Any:
-        return central_round_event(
+        return privacy_lib.central_round_event(
             self.sampling_rate,
             self.noise,
             self.id_noise,

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from raysim import privacy as privacy_lib
 from raysim.config import ExperimentConfig
 from raysim.metrics.evaluation import clustering_accuracy, grouping_metrics, round_metrics
-from raysim.privacy import PrivacyLedger
 from raysim.privacy.metric_ledger import MetricLedger
 from raysim.protocol import ClientTask, EvalReport, RoundPlan
 from raysim.seeding import SERVER, numpy_rng
@@ -80,7 +80,7 @@ class RoundLoop:
         self.state = algorithm.init_state(numpy_rng(cfg.seed, 0, SERVER, "init"))
         self.client_states: dict[int, Any] = {}
         p = cfg.privacy
-        self.ledger = PrivacyLedger(
+        self.ledger = privacy_lib.PrivacyLedger(
             delta=p.delta,
             accountant=p.accountant,
             budget=p.epsilon if p.mode != "none" else None,

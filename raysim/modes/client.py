@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from raysim import privacy as privacy_lib
 from raysim.modes.base import PrivacyMode, TrustBoundaryError
 from raysim.planning import CentralPlan
-from raysim.privacy import Released, central_round_event, clip_l2, gaussian_mechanism
+from raysim.privacy import Released, clip_l2, gaussian_mechanism
 from raysim.privacy import privatize_onehot as _privatize_onehot
 from raysim.protocol import Charge, ClientReport
 
@@ -158,7 +159,7 @@ class ClientLevel(PrivacyMode):
 
     def _charge(self, z: float, z_id: float | None) -> Charge:
         p = self.plan
-        event = central_round_event(p.sampling_rate, z, z_id, p.sampling, p.population)
+        event = privacy_lib.central_round_event(p.sampling_rate, z, z_id, p.sampling, p.population)
         return Charge(
             "central_gaussian", event, None, {"z": z, "q": p.sampling_rate, "sampling": p.sampling}
         )

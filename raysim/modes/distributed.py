@@ -35,14 +35,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import dp_accounting as dpa
 import numpy as np
 import torch
 
+from raysim import privacy as privacy_lib
 from raysim.modes.base import PrivacyMode, client_releases, group_releases, refuse
 from raysim.modes.secure import SecureAggregator, client_noise_share, contribution_sensitivity
 from raysim.planning import refuse_over_budget
-from raysim.privacy import BudgetError, Released, clip_l2, epsilon, private_sketch
+from raysim.privacy import BudgetError, Released, clip_l2, private_sketch
 from raysim.privacy.distributed import (
     SHARE_PURPOSE,
     NoiseCohort,
@@ -112,8 +112,10 @@ class Distributed(PrivacyMode):
         if p.noise_multiplier is not None:
             z = p.noise_multiplier
             event = self.noise_cohort.event(releases, z)
+            import dp_accounting as dpa  # loads on first use (raysim/privacy/__init__.py)
+
             total = event if fixed is None else dpa.ComposedDpEvent([fixed, event])
-            refuse_over_budget(epsilon(total, p.delta, p.accountant), p)
+            refuse_over_budget(privacy_lib.epsilon(total, p.delta, p.accountant), p)
         else:
             z = self.noise_cohort.calibrate(releases, p.epsilon, p.delta, p.accountant, fixed=fixed)
         return SecurePlan(z, releases, local)

@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from raysim import privacy as privacy_lib
 from raysim.modes.base import PrivacyMode, client_releases, group_releases, refuse
 from raysim.planning import SampleLevelPlan
-from raysim.privacy import Phase, Released, dpsgd_event, exponential_select, selection_event
+from raysim.privacy import Phase, Released, exponential_select
 from raysim.protocol import Charge, ClientReport
 from raysim.training import sampling_plan
 
@@ -52,7 +53,9 @@ class SampleLevel(PrivacyMode):
         self, utility: np.ndarray, sensitivity: float, eps: float, rng: np.random.Generator
     ) -> Released:
         choice = int(exponential_select(utility, eps, sensitivity, rng))
-        return Released(choice, "exponential_selection", selection_event(eps, 1), {"epsilon": eps})
+        return Released(
+            choice, "exponential_selection", privacy_lib.selection_event(eps, 1), {"epsilon": eps}
+        )
 
     def check(self, algorithm: str, report: ClientReport, task: Any) -> None:
         super().check(algorithm, report, task)
@@ -80,7 +83,7 @@ class SampleLevel(PrivacyMode):
             out.append(Charge("dpsgd", self.plan.round_event(clients[0], round), clients, params))
         eps = self.needs.selections[1]
         if selecting and eps:
-            event = selection_event(eps, 1)
+            event = privacy_lib.selection_event(eps, 1)
             out.append(Charge("exponential_selection", event, list(selecting), {"epsilon": eps}))
         return out
 
@@ -89,5 +92,5 @@ def release_dpsgd(update: Any, train: Any, n: int, steps: int) -> Released:
     """A DP-SGD output and its cost: ``steps`` steps at the rate the trainer sampled with."""
     z = train.dp_noise_multiplier
     q = sampling_plan(n, train).q
-    event = dpsgd_event([Phase(q, steps)], z)
+    event = privacy_lib.dpsgd_event([Phase(q, steps)], z)
     return Released(update, "dpsgd", event, {"z": z, "q": q, "steps": steps})

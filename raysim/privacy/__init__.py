@@ -1,33 +1,16 @@
 """Differential-privacy library of raysim: mechanisms, accounting, calibration and a ledger.
 
 Plain numpy and ``dp_accounting``: nothing here knows about Ray, the config or the algorithms.
+
+Accounting, calibration and the ledger load on first use (PEP 562): importing ``dp_accounting``
+pulls in scipy.stats and scipy.signal (~1 s and ~50 MiB per process), which a client worker of
+a run without DP never needs. The mechanisms and the release types load at once.
 """
 
-from raysim.privacy.accounting import (
-    AccountantKind,
-    BoundedRangeDpEvent,
-    Phase,
-    central_event,
-    central_round_event,
-    d_privacy_leakage,
-    delta_for,
-    dpsgd_event,
-    epsilon,
-    make_accountant,
-    neighboring_relation,
-    rdpcfl_phases,
-    selection_event,
-)
-from raysim.privacy.calibration import (
-    CentralNoise,
-    calibrate_central,
-    calibrate_dpsgd,
-    calibrate_noise,
-    check_sample_level_delta,
-)
-from raysim.privacy.distributed import NoiseCohort, cohort_caveat, noise_share, server_noise
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from raysim.privacy.errors import BudgetError, PrivacyConfigError
-from raysim.privacy.ledger import PrivacyLedger
 from raysim.privacy.mechanisms import (
     SKETCH_DIM,
     clip_l2,
@@ -40,7 +23,75 @@ from raysim.privacy.mechanisms import (
     privatize_onehot,
 )
 from raysim.privacy.metric_ledger import MetricLedger, MetricRelease
+from raysim.privacy.phase import Phase
 from raysim.privacy.release import MetricLeakage, Released, postprocess
+
+_LAZY = {
+    **dict.fromkeys(
+        (
+            "AccountantKind",
+            "BoundedRangeDpEvent",
+            "central_event",
+            "central_round_event",
+            "d_privacy_leakage",
+            "delta_for",
+            "dpsgd_event",
+            "epsilon",
+            "make_accountant",
+            "neighboring_relation",
+            "rdpcfl_phases",
+            "selection_event",
+        ),
+        "accounting",
+    ),
+    **dict.fromkeys(
+        (
+            "CentralNoise",
+            "calibrate_central",
+            "calibrate_dpsgd",
+            "calibrate_noise",
+            "check_sample_level_delta",
+        ),
+        "calibration",
+    ),
+    **dict.fromkeys(("NoiseCohort", "cohort_caveat", "noise_share", "server_noise"), "distributed"),
+    "PrivacyLedger": "ledger",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'raysim.privacy' has no attribute {name!r}")
+    value = getattr(import_module(f"raysim.privacy.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from raysim.privacy.accounting import (
+        AccountantKind,
+        BoundedRangeDpEvent,
+        central_event,
+        central_round_event,
+        d_privacy_leakage,
+        delta_for,
+        dpsgd_event,
+        epsilon,
+        make_accountant,
+        neighboring_relation,
+        rdpcfl_phases,
+        selection_event,
+    )
+    from raysim.privacy.calibration import (
+        CentralNoise,
+        calibrate_central,
+        calibrate_dpsgd,
+        calibrate_noise,
+        check_sample_level_delta,
+    )
+    from raysim.privacy.distributed import NoiseCohort, cohort_caveat, noise_share, server_noise
+    from raysim.privacy.ledger import PrivacyLedger
 
 __all__ = [
     "SKETCH_DIM",

@@ -21,7 +21,6 @@ import collections
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import attr
@@ -33,6 +32,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from raysim.privacy.errors import PrivacyConfigError
+from raysim.privacy.phase import Phase
 
 
 class _QuietNonConvergence(logging.Filter):
@@ -66,20 +66,6 @@ NeighborRel = dpa.NeighboringRelation
 
 # PLD discretization: 1e-4 is dp_accounting's default; errors stay pessimistic (upper bounds).
 PLD_DISCRETIZATION = 1e-4
-
-
-@dataclass(frozen=True)
-class Phase:
-    """A stretch of ``steps`` DP-SGD steps at Poisson rate ``sampling_rate`` (1 = full batch)."""
-
-    sampling_rate: float
-    steps: int
-
-    def __post_init__(self) -> None:
-        if not 0 < self.sampling_rate <= 1:
-            raise PrivacyConfigError(f"sampling_rate must be in (0, 1], got {self.sampling_rate}")
-        if self.steps < 0 or int(self.steps) != self.steps:
-            raise PrivacyConfigError(f"steps must be a non-negative integer, got {self.steps}")
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)

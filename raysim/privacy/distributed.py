@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import dp_accounting as dpa
 import numpy as np
 
-from raysim.privacy.accounting import AccountantKind, central_event, central_round_event
-from raysim.privacy.calibration import calibrate_central, calibrate_noise
 from raysim.privacy.errors import PrivacyConfigError
+
+if TYPE_CHECKING:  # the accountant loads on first use (raysim/privacy/__init__.py)
+    import dp_accounting as dpa
+
+    from raysim.privacy.accounting import AccountantKind
 
 DEFAULT_NOISE_COHORT = 10_000
 SHARE_PURPOSE = "dp_noise_share"  # purpose of each client's noise-share stream (raysim.seeding)
@@ -62,10 +65,14 @@ class NoiseCohort:
 
     def event(self, rounds: int, noise_multiplier: float) -> dpa.DpEvent:
         """``rounds`` Poisson-sampled Gaussian releases at rate ``q`` (one per round)."""
+        from raysim.privacy.accounting import central_event
+
         return central_event(rounds, self.sampling_rate, noise_multiplier)
 
     def round_event(self, noise_multiplier: float) -> dpa.DpEvent:
         """One secure-sum release: the Poisson-sampled Gaussian charged to the population."""
+        from raysim.privacy.accounting import central_round_event
+
         return central_round_event(self.sampling_rate, noise_multiplier)
 
     def calibrate(
@@ -84,9 +91,15 @@ class NoiseCohort:
         d = self.default_delta if delta is None else delta
         if fixed is None:
             q = self.sampling_rate
+            from raysim.privacy.calibration import calibrate_central
+
             return calibrate_central(
                 rounds, q, target_epsilon, d, accountant=accountant, rel_tol=rel_tol
             ).model
+
+        import dp_accounting as dpa
+
+        from raysim.privacy.calibration import calibrate_noise
 
         def make_event(z: float) -> dpa.DpEvent:
             return dpa.ComposedDpEvent([fixed, self.event(rounds, z)])
@@ -124,6 +137,8 @@ def noise_share(
 def local_gaussian_event(noise_multiplier: float) -> dpa.DpEvent:
     """One client's local Gaussian release (PINA's sketch), not amplified: the server sees who
     sent it. Multiplier = std / sensitivity under zero-out adjacency (sensitivity = the clip)."""
+    import dp_accounting as dpa
+
     return dpa.GaussianDpEvent(noise_multiplier)
 
 
@@ -131,6 +146,8 @@ def calibrate_local(
     target_epsilon: float, delta: float, accountant: AccountantKind = "rdp", rel_tol: float = 1e-3
 ) -> float:
     """Smallest multiplier of one local Gaussian release spending ``target_epsilon`` alone."""
+    from raysim.privacy.calibration import calibrate_noise
+
     return calibrate_noise(local_gaussian_event, target_epsilon, delta, accountant, rel_tol)
 
 
