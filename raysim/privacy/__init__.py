@@ -8,7 +8,7 @@ a run without DP never needs. The mechanisms and the release types load at once.
 """
 
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raysim.privacy.errors import BudgetError, PrivacyConfigError
 from raysim.privacy.mechanisms import (
@@ -67,31 +67,6 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
-
-if TYPE_CHECKING:
-    from raysim.privacy.accounting import (
-        AccountantKind,
-        BoundedRangeDpEvent,
-        central_event,
-        central_round_event,
-        d_privacy_leakage,
-        delta_for,
-        dpsgd_event,
-        epsilon,
-        make_accountant,
-        neighboring_relation,
-        rdpcfl_phases,
-        selection_event,
-    )
-    from raysim.privacy.calibration import (
-        CentralNoise,
-        calibrate_central,
-        calibrate_dpsgd,
-        calibrate_noise,
-        check_sample_level_delta,
-    )
-    from raysim.privacy.distributed import NoiseCohort, cohort_caveat, noise_share, server_noise
-    from raysim.privacy.ledger import PrivacyLedger
 
 __all__ = [
     "SKETCH_DIM",
