@@ -12,6 +12,17 @@ import pytest  # noqa: E402
 RAY_TIMEOUT_S = 180
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread, as in the workers: two threads on two shared cores spin and crawl."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray

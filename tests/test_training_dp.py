@@ -13,14 +13,7 @@ from raysim.models import build_model, flat_params, load_flat_
 from raysim.training import GRAD_SAMPLE_MODES, LocalTrainer, TrainConfig
 from raysim.training.per_sample import PerSampleGrads
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread, as in the workers: two threads on two shared cores spin and crawl."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def blobs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

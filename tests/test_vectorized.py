@@ -14,13 +14,7 @@ from raysim.models import build_model, flat_params
 from raysim.training import LocalTrainer, TrainConfig
 from raysim.training.vectorized import VectorizedTrainer, unsupported
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 SIZES = [24, 17, 40, 9]  # different data sizes: padding, different step counts

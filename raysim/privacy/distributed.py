@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from raysim import privacy as privacy_lib
 from raysim.privacy.errors import PrivacyConfigError
 
 if TYPE_CHECKING:  # the accountant loads on first use (raysim/privacy/__init__.py)
@@ -65,15 +66,11 @@ class NoiseCohort:
 
     def event(self, rounds: int, noise_multiplier: float) -> dpa.DpEvent:
         """``rounds`` Poisson-sampled Gaussian releases at rate ``q`` (one per round)."""
-        from raysim.privacy.accounting import central_event
-
-        return central_event(rounds, self.sampling_rate, noise_multiplier)
+        return privacy_lib.central_event(rounds, self.sampling_rate, noise_multiplier)
 
     def round_event(self, noise_multiplier: float) -> dpa.DpEvent:
         """One secure-sum release: the Poisson-sampled Gaussian charged to the population."""
-        from raysim.privacy.accounting import central_round_event
-
-        return central_round_event(self.sampling_rate, noise_multiplier)
+        return privacy_lib.central_round_event(self.sampling_rate, noise_multiplier)
 
     def calibrate(
         self,
@@ -91,20 +88,16 @@ class NoiseCohort:
         d = self.default_delta if delta is None else delta
         if fixed is None:
             q = self.sampling_rate
-            from raysim.privacy.calibration import calibrate_central
-
-            return calibrate_central(
+            return privacy_lib.calibrate_central(
                 rounds, q, target_epsilon, d, accountant=accountant, rel_tol=rel_tol
             ).model
 
-        import dp_accounting as dpa
-
-        from raysim.privacy.calibration import calibrate_noise
+        import dp_accounting as dpa  # loads on first use (raysim/privacy/__init__.py)
 
         def make_event(z: float) -> dpa.DpEvent:
             return dpa.ComposedDpEvent([fixed, self.event(rounds, z)])
 
-        return calibrate_noise(make_event, target_epsilon, d, accountant, rel_tol)
+        return privacy_lib.calibrate_noise(make_event, target_epsilon, d, accountant, rel_tol)
 
     def noise_std(self, noise_multiplier: float, clip: float, cohort: float) -> float:
         """Per-coordinate std of the noise on the real cohort's sum: ``z * S * m / noise_cohort``.
@@ -146,9 +139,9 @@ def calibrate_local(
     target_epsilon: float, delta: float, accountant: AccountantKind = "rdp", rel_tol: float = 1e-3
 ) -> float:
     """Smallest multiplier of one local Gaussian release spending ``target_epsilon`` alone."""
-    from raysim.privacy.calibration import calibrate_noise
-
-    return calibrate_noise(local_gaussian_event, target_epsilon, delta, accountant, rel_tol)
+    return privacy_lib.calibrate_noise(
+        local_gaussian_event, target_epsilon, delta, accountant, rel_tol
+    )
 
 
 def cohort_caveat(noise_cohort: float, cohort: float) -> str:
