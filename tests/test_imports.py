@@ -26,3 +26,29 @@ def test_worker_imports_leave_out_the_accountant_and_scipy_stats() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_vectorized_training_loads_neither_dynamo_nor_sympy() -> None:
+    """A worker's first vectorized group (plain and DP-SGD) imports neither torch._dynamo (which
+    torch.func.grad loads: ~1.1 s and ~70 MiB per worker) nor sympy (which cross_entropy's
+    decomposition under vmap loads)."""
+    code = """
+import sys, torch
+from raysim.models import build_model
+from raysim.training import TrainConfig
+from raysim.training.vectorized import VectorizedTrainer
+model = build_model("cnn", (8, 8), 3, seed=0)
+w = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+vec = VectorizedTrainer(model, "classification")
+data = [(torch.randn(12, 64).numpy(), torch.randint(0, 3, (12,)).numpy())] * 2
+for dp in (None, 1.0):
+    cfg = TrainConfig(lr=0.1, batch_size=4, dp_noise_multiplier=dp, dp_clip=1.0)
+    for g in (1, 2):
+        gens = [torch.Generator().manual_seed(i) for i in range(g)]
+        vec.train_group([w] * g, data[:g], [cfg] * g, gens)
+print(sorted(m for m in ("torch._dynamo", "sympy") if m in sys.modules))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

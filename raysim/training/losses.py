@@ -14,6 +14,11 @@ TASKS = ("classification", "regression")
 def per_sample_loss(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Unreduced loss, one value per sample: cross-entropy, or squared error (MSE)."""
     if task == "classification":
+        if out.dim() == 2 and not y.is_floating_point():
+            # -log_softmax[y]: the same bits as F.cross_entropy(reduction="none"), forward and
+            # backward. Under vmap cross_entropy goes through nll_loss's decomposition, whose
+            # first call imports sympy and torch.fx (~0.4 s and ~50 MiB in every worker).
+            return -out.log_softmax(-1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
         return F.cross_entropy(out, y, reduction="none")
     if out.dim() == y.dim() + 1 and out.shape[-1] == 1:
         out = out.squeeze(-1)

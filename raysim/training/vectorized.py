@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, vmap
 
 from raysim.training.config import TrainConfig, TrainResult, sampling_plan
 from raysim.training.losses import as_tensor, per_sample_loss, targets
@@ -103,10 +103,13 @@ class VectorizedTrainer:
             loss = per_sample_loss(task, out, yi.unsqueeze(0)).sum()
             return loss, loss.detach()
 
-        self._plain = vmap(grad(client_loss, has_aux=True))
-        # outer vmap: clients (their own weights); inner: samples (shared weights)
-        self._per_sample_one = vmap(grad(sample_loss, has_aux=True), in_dims=(None, 0, 0))
-        self._per_sample = vmap(self._per_sample_one)
+        # Gradients come from autograd on the summed losses of independent copies of the weights
+        # (one per client, or one per sample for DP), not from torch.func.grad: its first call
+        # imports torch._dynamo (~1.1 s and ~70 MiB in every worker). Each copy's gradient is its
+        # own loss's gradient; for plain SGD the bits are vmap(grad)'s, and both run as fast.
+        self._client_losses = vmap(client_loss)  # weights [G, ...]
+        self._sample_losses = vmap(vmap(sample_loss))  # weights [G, B, ...]
+        self._sample_losses_one = vmap(sample_loss)  # weights [B, ...]
 
     def unsupported(self, cfgs: Sequence[TrainConfig]) -> str | None:
         return unsupported(cfgs, self.dim)
@@ -183,6 +186,33 @@ class VectorizedTrainer:
         c.loss = c.loss_total / c.count if c.count else float("nan")
 
     # ----------------------------------------------------------------------------- steps
+    def _grads(self, losses_fn, params, *batch):
+        """Gradient of each independent copy in ``params`` (leading dims: its copies) of its own
+        loss, and the unweighted per-sample losses."""
+        leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
+        with torch.enable_grad():
+            total, losses = losses_fn(leaves, *batch)
+            grads = torch.autograd.grad(
+                total.sum(), [leaves[k] for k in self.names], allow_unused=True
+            )
+        out = {
+            k: torch.zeros_like(leaves[k]) if g is None else g
+            for k, g in zip(self.names, grads, strict=True)
+        }
+        return out, losses
+
+    def _per_sample_grads(self, params, xb, yb, one: bool):
+        """Per-sample gradients [G, B, ...]: every sample gets its own (expanded) weights."""
+        b = xb.shape[1]
+        if one:  # no client dimension to vmap over
+            expanded = {k: v[0].expand(b, *v.shape[1:]) for k, v in params.items()}
+            grads, losses = self._grads(self._sample_losses_one, expanded, xb[0], yb[0])
+            return {k: v.unsqueeze(0) for k, v in grads.items()}, losses.unsqueeze(0)
+        expanded = {
+            k: v.unsqueeze(1).expand(v.shape[0], b, *v.shape[1:]) for k, v in params.items()
+        }
+        return self._grads(self._sample_losses, expanded, xb, yb)
+
     def _plain_grads(self, params, xs, ys, clients, cfg, t, active):
         g = len(clients)
         rows, sizes = [], []
@@ -199,7 +229,7 @@ class VectorizedTrainer:
         idx, mask = self._index(rows)
         w = mask / torch.tensor([max(s, 1) for s in sizes], dtype=torch.float32)[:, None]
         xb, yb = self._gather(xs, ys, idx)
-        grads, losses = self._plain(params, xb, yb, w.to(self.device))
+        grads, losses = self._grads(self._client_losses, params, xb, yb, w.to(self.device))
         sums = (losses * mask.to(self.device)).sum(1).tolist()
         for i in range(g):
             if active[i]:
@@ -220,13 +250,8 @@ class VectorizedTrainer:
                 rows.append(m.nonzero().reshape(-1).cpu())
         idx, mask = self._index(rows)
         xb, yb = self._gather(xs, ys, idx)
-        if idx.shape[1] > 0 and len(clients) == 1:  # no client dimension to vmap over
-            one = {k: v[0] for k, v in params.items()}
-            per_sample, losses = self._per_sample_one(one, xb[0], yb[0])
-            per_sample = {k: v.unsqueeze(0) for k, v in per_sample.items()}
-            losses = losses.unsqueeze(0)
-        elif idx.shape[1] > 0:
-            per_sample, losses = self._per_sample(params, xb, yb)
+        if idx.shape[1] > 0:
+            per_sample, losses = self._per_sample_grads(params, xb, yb, one=len(clients) == 1)
         else:  # every batch empty: noise-only steps
             g = len(clients)
             per_sample = {k: v.new_zeros((g, 0, *v.shape[1:])) for k, v in params.items()}
