@@ -270,7 +270,7 @@ def main() -> None:
                 f"{name:7s} rep {i}: wall {r['wall']:.1f} s, "
                 f"first round at {r['first_round']:.1f} s, steady {s:.2f} s/round "
                 f"({gf:.1f} GFLOP/s, {100 * gf / peak:.0f}% of peak), "
-                f"peak PSS {r['peak_pss'] / 2**30:.2f} GB"
+                f"peak PSS {r['peak_pss'] / 2**30:.2f} GiB"
             )
         best[name] = {
             "wall": min(r["wall"] for r in reps),

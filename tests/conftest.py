@@ -27,8 +27,10 @@ def one_torch_thread():
 def ray_session():
     import ray
 
+    from raysim.runtime.local_ray import start_local_ray
+
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        start_local_ray(num_cpus=2)  # as a run starts it: without the daemons it never uses
     yield ray
     ray.shutdown()
 

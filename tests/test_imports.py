@@ -28,14 +28,15 @@ def test_worker_imports_leave_out_the_accountant_and_scipy_stats() -> None:
     assert out.stdout.strip() == "[]", out.stdout
 
 
-def test_vectorized_training_loads_neither_dynamo_nor_sympy() -> None:
-    """A worker's first vectorized group (plain and DP-SGD) imports neither torch._dynamo (which
-    torch.func.grad loads: ~1.1 s and ~70 MiB per worker) nor sympy (which cross_entropy's
+def test_training_loads_neither_dynamo_nor_sympy() -> None:
+    """A worker's first client (LocalTrainer's plain SGD and evaluation) and first vectorized
+    group (plain and DP-SGD) import neither torch._dynamo (which torch.func.grad and building a
+    torch.optim optimizer load: ~1.1 s and ~70 MiB per worker) nor sympy (which cross_entropy's
     decomposition under vmap loads)."""
     code = """
 import sys, torch
 from raysim.models import build_model
-from raysim.training import TrainConfig
+from raysim.training import LocalTrainer, TrainConfig
 from raysim.training.vectorized import VectorizedTrainer
 model = build_model("cnn", (8, 8), 3, seed=0)
 w = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -46,9 +47,31 @@ for dp in (None, 1.0):
     for g in (1, 2):
         gens = [torch.Generator().manual_seed(i) for i in range(g)]
         vec.train_group([w] * g, data[:g], [cfg] * g, gens)
+local = LocalTrainer(model, "classification")
+cfg = TrainConfig(lr=0.1, batch_size=4, momentum=0.9, weight_decay=1e-3)
+local.train(w, *data[0], cfg, torch.Generator().manual_seed(0))
+local.evaluate(w, *data[0])
 print(sorted(m for m in ("torch._dynamo", "sympy") if m in sys.modules))
 """
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_ledger_without_charges_never_loads_the_accountant() -> None:
+    """Every run keeps a ledger; one that charges nothing (no DP) reports 0 spent without
+    loading dp_accounting (~1 s and ~45 MiB in the coordinator)."""
+    code = (
+        "import sys; from raysim.privacy import PrivacyLedger\n"
+        "for acc in ('rdp', 'pld'):\n"
+        "    led = PrivacyLedger(delta=1e-3, accountant=acc, budget=2.0, num_clients=4)\n"
+        "    led.check_budget(); s = led.summary()\n"
+        "    assert s['max_epsilon'] == s['population_epsilon'] == 0.0 == led.epsilon(3), s\n"
+        "    led.rows()\n"
+        "print('dp_accounting' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

@@ -5,6 +5,10 @@ are events, so clients charged the same events share one node and one accounting
 (1000 clients charged alike cost one accountant call per round, not 1000). Each distinct event's
 RDP curve or PLD is computed once and cached; a node's state is its parent's state composed with
 that event, and its epsilon is computed at most once.
+
+dp_accounting (with scipy) loads on the first charge, not with the ledger: every run keeps a
+ledger, and a run without DP, which charges nothing, never needs it (~1 s and ~45 MiB in the
+coordinator).
 """
 
 from __future__ import annotations
@@ -14,16 +18,17 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
-import dp_accounting as dpa
 import numpy as np
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
-from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
-from raysim.privacy import accounting
-from raysim.privacy.accounting import AccountantKind, NeighborRel
 from raysim.privacy.errors import BudgetError, PrivacyConfigError
+
+if TYPE_CHECKING:
+    import dp_accounting as dpa
+
+    from raysim.privacy.accounting import AccountantKind, NeighborRel
 
 __all__ = ["PrivacyLedger"]
 
@@ -37,6 +42,8 @@ class _RdpStates:
     """States are RDP curves over dp_accounting's default orders; composition adds them."""
 
     def __init__(self, delta: float) -> None:
+        from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
         self.delta = delta
         self.orders = np.array(rdp_lib.DEFAULT_RDP_ORDERS, dtype=np.float64)
 
@@ -44,6 +51,8 @@ class _RdpStates:
         return np.zeros_like(self.orders)
 
     def of_event(self, event: dpa.DpEvent) -> np.ndarray:
+        from raysim.privacy import accounting
+
         acc = accounting.make_accountant("rdp", accounting.neighboring_relation(event))
         return acc.compose(event).rdp
 
@@ -51,6 +60,8 @@ class _RdpStates:
         return a + b
 
     def epsilon(self, state: np.ndarray) -> float:
+        from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
         return float(rdp_lib.compute_epsilon(self.orders, state, self.delta)[0])
 
 
@@ -61,9 +72,15 @@ class _PldStates:
         self.delta = delta
 
     def root(self):
-        return pld_lib.identity(accounting.PLD_DISCRETIZATION)
+        from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+        from raysim.privacy.accounting import PLD_DISCRETIZATION
+
+        return pld_lib.identity(PLD_DISCRETIZATION)
 
     def of_event(self, event: dpa.DpEvent):
+        from raysim.privacy import accounting
+
         acc = accounting.make_accountant("pld", accounting.neighboring_relation(event))
         return acc.compose(event).privacy_loss_distribution()
 
@@ -85,6 +102,10 @@ class _Node:
 
 def _sampling_relation(event: dpa.DpEvent) -> NeighborRel | None:
     """The relation a sampling event fixes, or None when the event has no sampling."""
+    import dp_accounting as dpa
+
+    from raysim.privacy import accounting
+
     kinds = {type(e) for e in accounting._walk(event)}  # noqa: SLF001 (same package)
     if kinds & {dpa.PoissonSampledDpEvent, dpa.SampledWithoutReplacementDpEvent}:
         return accounting.neighboring_relation(event)
@@ -117,15 +138,12 @@ class PrivacyLedger:
             raise PrivacyConfigError(f"delta must be in (0, 1), got {delta}")
         if budget is not None and not budget > 0:
             raise PrivacyConfigError(f"budget must be > 0, got {budget}")
-        if accountant == "rdp":
-            self._states: _RdpStates | _PldStates = _RdpStates(delta)
-        elif accountant == "pld":
-            self._states = _PldStates(delta)
-        else:
+        if accountant not in ("rdp", "pld"):
             raise PrivacyConfigError(f"accountant must be 'rdp' or 'pld', got {accountant!r}")
         self.delta, self.accountant, self.budget = delta, accountant, budget
         self.num_clients, self.budget_rtol = num_clients, budget_rtol
-        self._nodes = [_Node(parent=None, key=None, state=self._states.root(), refs=1)]
+        # the root (nothing charged) gets its state when a child first needs it
+        self._nodes = [_Node(parent=None, key=None, state=None, epsilon=0.0, refs=1)]
         self._children: dict[tuple[int, str], int] = {}
         self._event_states: dict[str, Any] = {}
         self._population = 0  # node of the population-only history
@@ -134,6 +152,11 @@ class PrivacyLedger:
         self._relation: NeighborRel | None = None
 
     # -- accounting -----------------------------------------------------------------------
+    @cached_property
+    def _states(self) -> _RdpStates | _PldStates:
+        """Built on the first charge (this loads dp_accounting)."""
+        return _RdpStates(self.delta) if self.accountant == "rdp" else _PldStates(self.delta)
+
     def _child(self, node: int, event: dpa.DpEvent, key: str) -> int:
         child = self._children.get((node, key))
         if child is None:
@@ -147,10 +170,12 @@ class PrivacyLedger:
     def _state(self, node: int) -> Any:
         """A node's state, composing it from the nearest ancestor that still holds one."""
         chain = []
-        while self._nodes[node].state is None:
+        while self._nodes[node].state is None and self._nodes[node].parent is not None:
             chain.append(node)
             node = self._nodes[node].parent
         state = self._nodes[node].state
+        if state is None:  # the root
+            state = self._nodes[node].state = self._states.root()
         for n in reversed(chain):
             state = self._states.compose(state, self._event_states[self._nodes[n].key])
             self._nodes[n].state = state
@@ -204,6 +229,8 @@ class PrivacyLedger:
 
         Raises BudgetError, recording nothing, if a budget is set and would be exceeded.
         """
+        import dp_accounting as dpa
+
         if not isinstance(event, dpa.DpEvent):
             raise TypeError(f"event must be a dp_accounting DpEvent, got {type(event)}")
         self._check_relation(event)

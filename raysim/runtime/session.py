@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raysim.config import RuntimeConfig
 from raysim.runtime.checkpoint import save_checkpoint, write_partial_metrics
 from raysim.runtime.coordinator import Coordinator, worker_factory
+from raysim.runtime.local_ray import start_local_ray
 from raysim.runtime.resources import check_cluster
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ def ensure_ray(rt: RuntimeConfig) -> bool:
     if rt.address:
         ray.init(address=rt.address, log_to_driver=False)
     else:
-        ray.init(address="local", include_dashboard=False, log_to_driver=False)
+        start_local_ray()
     return True
 
 
