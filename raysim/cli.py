@@ -92,8 +92,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     status = rundir.unfinished(stage)
     if target.exists() and not (args.overwrite or rundir.read_status(stage).get("overwrite")):
         rundir.check_target(target, overwrite=False)  # started without --overwrite: refuse
-    cfg = load_config(stage / "config.yaml", list(args.set or []))
-    prep = _prepare(cfg)
+    from raysim.experiment import prepare_apart
+
+    sets = list(args.set or [])
+    prep = prepare_apart(lambda: [_prepare(load_config(stage / "config.yaml", sets))])[0]
     blob = load_checkpoint(stage)
     if blob is None:
         print(f"raysim: {stage} has no checkpoint: starting from round 1", file=sys.stderr)
@@ -109,19 +111,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         return cmd_resume(args)
     from raysim import rundir
+    from raysim.experiment import prepare_apart
 
     demo = args.config is None
     named = any(item.startswith("algorithm.name=") for item in args.set or [])
     default = DEMO_ALGORITHMS if demo and not named else []
     algorithms = args.algorithms.split(",") if args.algorithms else default
-    named_configs = [_config(args, [f"algorithm.name={a}"]) for a in algorithms]
-    configs = named_configs or [_config(args)]
+
+    def build() -> list[Any]:
+        """Every config, prepared: every user mistake surfaces here, before Ray starts. Apart
+        from this process (a forked child), which so never imports torch (docs/speed.md)."""
+        named_configs = [_config(args, [f"algorithm.name={a}"]) for a in algorithms]
+        return [_prepare(cfg) for cfg in named_configs or [_config(args)]]
+
+    preps = prepare_apart(build)
+    configs = [prep.cfg for prep in preps]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path(args.out) if args.out else Path("runs") / f"{configs[0].name}-{stamp}"
     dirs = [base / c.algorithm.name for c in configs] if len(configs) > 1 else [base]
     for out in dirs:  # refuse to overwrite results before anything runs
         rundir.check_target(out, args.overwrite)
-    preps = [_prepare(cfg) for cfg in configs]  # every user mistake surfaces before Ray starts
     from raysim.runtime.session import ensure_ray
 
     t0 = time.perf_counter()

@@ -7,28 +7,36 @@ never imports an algorithm.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import pickle
 import shutil
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from raysim import privacy as privacy_lib
 from raysim.config import ConfigError, ExperimentConfig
 from raysim.data import FederatedDataset, build_federated_dataset
-from raysim.models import build_from_spec, flat_params, init_seed, model_spec
 from raysim.privacy import BudgetError, PrivacyConfigError
+from raysim.runtime.sealed import Sealed
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
 class Prepared:
     cfg: ExperimentConfig
     dataset: FederatedDataset
-    algorithm: Any
-    env: Any
+    algorithm: Any  # Sealed when prepared apart
+    env: Any  # None when prepared apart
+    privacy_summary: dict[str, Any]  # the algorithm's, fixed once its noise is calibrated
+    spec: Any  # the model's ModelSpec (Sealed when prepared apart)
 
     @property
     def truth(self) -> np.ndarray:
@@ -38,6 +46,8 @@ class Prepared:
 
 def initial_weights(cfg: ExperimentConfig, ds: FederatedDataset) -> torch.Tensor:
     """Model initialisation drawn from the (seed, 0, server, "model_init") generator."""
+    from raysim.models import build_from_spec, flat_params, init_seed, model_spec
+
     try:
         spec = model_spec(cfg)
         model = build_from_spec(spec, ds.feature_shape, ds.num_classes, init_seed(cfg.seed))
@@ -81,7 +91,65 @@ def prepare(cfg: ExperimentConfig, algorithm_cls: Callable[[Any], Any], env_cls:
         algorithm = algorithm_cls(env)
     except (BudgetError, PrivacyConfigError) as exc:  # the request cannot be met: refuse
         raise ConfigError(str(exc)) from None
-    return Prepared(cfg, ds, algorithm, env)
+    from raysim.models import model_spec
+
+    return Prepared(cfg, ds, algorithm, env, algorithm.privacy_summary(), model_spec(cfg))
+
+
+def prepare_apart(build: Callable[[], list[Prepared]]) -> list[Prepared]:
+    """``build()`` (configs and ``prepare``) in a forked child process. What comes back holds the
+    algorithm and the model spec sealed (raysim.runtime.sealed), so this process never imports
+    torch: ~150 MiB kept out of `raysim run`'s driver for the whole run. A ConfigError is raised
+    here as itself. In-process where it would gain nothing (torch already loaded here), where Ray
+    runs in this process (forking its threads is unsafe), and off Linux (no safe fork)."""
+    ray_here = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    if sys.platform != "linux" or "torch" in sys.modules or ray_here:
+        return build()
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_prepare_child, args=(build, send), daemon=True)
+    child.start()
+    send.close()
+    try:
+        kind, payload = receive.recv()
+    except EOFError:
+        child.join()
+        code = child.exitcode
+        raise RuntimeError(f"preparing the experiment failed (exit code {code})") from None
+    except BaseException:  # interrupted: the child goes too
+        child.terminate()
+        raise
+    finally:
+        receive.close()
+    child.join()
+    if kind == "ok":
+        return payload
+    if kind == "config":
+        raise ConfigError(payload)
+    raise pickle.loads(payload)
+
+
+def _prepare_child(build: Callable[[], list[Prepared]], send: Any) -> None:
+    try:
+        try:
+            seal = [
+                replace(p, algorithm=Sealed.of(p.algorithm), env=None, spec=Sealed.of(p.spec))
+                for p in build()
+            ]
+            send.send(("ok", seal))
+        except ConfigError as exc:
+            send.send(("config", str(exc)))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the parent
+            try:
+                blob = pickle.dumps(exc)
+            except Exception:  # noqa: BLE001 - an exception that does not pickle
+                blob = pickle.dumps(RuntimeError(f"{type(exc).__name__}: {exc}"))
+            send.send(("raise", blob))
+    finally:
+        send.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # not the parent's atexit handlers, which the fork copied
 
 
 def run_prepared(

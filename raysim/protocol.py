@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from raysim.seeding import numpy_rng, torch_generator
+
+if TYPE_CHECKING:  # annotations only: `raysim run`'s driver reads these reports without torch
+    import torch
 
 
 @dataclass

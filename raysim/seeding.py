@@ -7,9 +7,12 @@ elsewhere, or split differently over workers, gives the same result.
 from __future__ import annotations
 
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch loads where a torch generator is made: `raysim run`'s driver never does
+    import torch
 
 SERVER = -1  # the "client" index of draws made by the server / coordinator
 
@@ -28,6 +31,8 @@ def numpy_rng(seed: int, round: int, client: int, purpose: str) -> np.random.Gen
 
 
 def torch_generator(seed: int, round: int, client: int, purpose: str) -> torch.Generator:
+    import torch
+
     state = seed_sequence(seed, round, client, purpose).generate_state(1, dtype=np.uint64)[0]
     gen = torch.Generator()
     gen.manual_seed(int(state) & 0x7FFF_FFFF_FFFF_FFFF)

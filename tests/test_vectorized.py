@@ -171,7 +171,7 @@ def test_train_many_falls_back_to_the_per_client_path():
 
 def test_group_size_setting():
     from raysim.config import ConfigError, load_config
-    from raysim.runtime.pool import group_size
+    from raysim.rounds import group_size
 
     with pytest.raises(ConfigError, match="runtime.client_group_size"):
         load_config(None, ["runtime.client_group_size=0"])

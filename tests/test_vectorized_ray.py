@@ -12,7 +12,8 @@ from algorithms import Environment, get_algorithm
 from raysim.config import load_config
 from raysim.experiment import prepare, run_prepared
 from raysim.protocol import ClientTask
-from raysim.runtime.pool import balance_groups, client_groups
+from raysim.rounds import client_groups
+from raysim.runtime.pool import balance_groups
 
 
 def _run(tmp_path, name, **overrides):

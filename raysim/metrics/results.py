@@ -54,7 +54,7 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
             "assigned_cluster": None if assigned is None else int(assigned[c]),
             "accuracy": evals[c].accuracy if c in evals else None,
             "loss": evals[c].loss if c in evals else None,
-            "num_train": int(prep.env.train_sizes[c]),
+            "num_train": int(prep.dataset.train_sizes[c]),
             "epsilon": eps[c],
         }
         for c in range(len(truth))
@@ -93,7 +93,7 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
         "privacy": {
             **results.get("privacy", {}),
             **results["ledger_summary"],
-            **prep.algorithm.privacy_summary(),
+            **prep.privacy_summary,
         },
         "diagnostics": diagnostics_summary(history),
         "wall_seconds": results["wall_seconds"],

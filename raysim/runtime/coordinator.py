@@ -14,10 +14,12 @@ import numpy as np
 import ray
 
 from raysim.config import ExperimentConfig
-from raysim.models.spec import model_spec
-from raysim.rounds import RoundLoop, client_groups, group_size
 from raysim.runtime.pool import WorkerPool, balance_groups
+from raysim.runtime.sealed import opened
 from raysim.runtime.worker import ClientWorker
+
+# This module imports no torch (the round loop and the model spec load in the actor): the driver
+# of `raysim run` starts the actors from here without ever loading torch (docs/speed.md).
 
 
 def worker_placement() -> dict[str, Any]:
@@ -31,10 +33,18 @@ def worker_placement() -> dict[str, Any]:
 
 
 def worker_factory(
-    cfg: ExperimentConfig, algorithm: Any, data_ref: Any, num_gpus_per_worker: float
+    cfg: ExperimentConfig,
+    algorithm: Any,
+    data_ref: Any,
+    num_gpus_per_worker: float,
+    spec: Any = None,
 ) -> Callable[[int], Any]:
     """Starts ClientWorker actor i (used by the driver at start-up and by the pool to replace a
-    lost worker)."""
+    lost worker). ``algorithm`` and ``spec`` (default: ``model_spec(cfg)``) may be sealed."""
+    if spec is None:
+        from raysim.models.spec import model_spec
+
+        spec = model_spec(cfg)
     rt = cfg.runtime
     actor = ray.remote(ClientWorker).options(
         num_cpus=rt.cpus_per_worker,
@@ -44,7 +54,6 @@ def worker_factory(
         max_restarts=0,
         **worker_placement(),
     )
-    spec = model_spec(cfg)
 
     def make_worker(i: int) -> Any:
         return actor.remote(
@@ -73,7 +82,10 @@ class Coordinator:
         workers: list[Any] | None = None,
     ) -> None:
         """`workers`: ClientWorker actors the driver already started (in parallel with this
-        actor, docs/speed.md); None: start them here."""
+        actor, docs/speed.md); None: start them here. `algorithm` may be sealed."""
+        from raysim.rounds import RoundLoop, group_size
+
+        algorithm = opened(algorithm)
         self.cfg = cfg
         self.loop = RoundLoop(cfg, algorithm, true_clusters, self._execute)
         rt = cfg.runtime
@@ -88,6 +100,8 @@ class Coordinator:
         if self.cfg.runtime.actor_per_client:  # each client pinned to its own actor
             shards = [(t.client_id, [[t]]) for t in tasks]
         else:
+            from raysim.rounds import client_groups
+
             groups = client_groups(tasks, self.group_size)
             shards = list(enumerate(balance_groups(groups, len(self.pool.workers))))
         return self.pool.run(kind, round, models_ref, shards)

@@ -15,7 +15,6 @@ import ray
 from ray.exceptions import RayActorError, WorkerCrashedError
 
 from raysim.protocol import ClientTask
-from raysim.rounds import client_groups, group_size  # noqa: F401 (the pool's units)
 
 log = logging.getLogger(__name__)
 

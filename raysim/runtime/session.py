@@ -54,7 +54,7 @@ def _start_workers(prep: Any, data_ref: Any, gpus: float) -> list[Any]:
     model while the coordinator actor starts (not after it, as when it starts them)."""
     rt = prep.cfg.runtime
     size = len(prep.truth) if rt.actor_per_client else rt.num_workers
-    make = worker_factory(prep.cfg, prep.algorithm, data_ref, gpus)
+    make = worker_factory(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec)
     return [make(i) for i in range(size)]
 
 

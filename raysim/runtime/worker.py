@@ -8,17 +8,22 @@ measured fastest here (FIELD-NOTES.md: one call per actor with its list of clien
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from raysim.models import ModelSpec, build_from_spec, init_seed
 from raysim.protocol import ClientContext, ClientTask
-from raysim.training import LocalTrainer
+from raysim.runtime.sealed import opened
+
+if TYPE_CHECKING:  # torch, the models and the trainer load in the actor, not in the driver
+    import torch
+
+    from raysim.models import ModelSpec
 
 
 def pick_device(num_gpus: float) -> torch.device:
+    import torch
+
     # Ray sets CUDA_VISIBLE_DEVICES for GPU actors; a fake (declared) GPU has no CUDA: ask torch.
     if num_gpus > 0 and torch.cuda.is_available():
         return torch.device("cuda")
@@ -36,7 +41,14 @@ class ClientWorker:
         num_gpus: float,
         vectorize: bool = True,
     ) -> None:
+        """``algorithm`` and ``model_spec`` may be sealed (raysim.runtime.sealed)."""
+        import torch
+
+        from raysim.models import build_from_spec, init_seed
+        from raysim.training import LocalTrainer
+
         torch.set_num_threads(threads)
+        algorithm, model_spec = opened(algorithm), opened(model_spec)
         self.algorithm = algorithm
         if isinstance(dataset, list):  # [ObjectRef]: fetched here, zero-copy
             import ray
@@ -58,6 +70,8 @@ class ClientWorker:
         broadcast. A training group goes to the algorithm whole (client_steps: vectorized where
         it can be); the groups are fixed by the coordinator, so the bits do not depend on how
         many workers share them."""
+        import torch
+
         broadcast = [torch.from_numpy(np.array(m, copy=True)) for m in models]
         out: list[Any] = []
         for group in groups:

@@ -10,7 +10,8 @@ Exactly what ``LocalTrainer`` computes, up to float rounding:
   one ``randperm`` per epoch; DP: per step one Poisson mask ``rand(n) < q``, then the noise of
   every parameter, drawn as Opacus' ``_generate_noise`` draws it), so batches, masks and noise
   are bit-identical to the per-client path's;
-- DP-SGD as Opacus' ``DPOptimizer`` does it: per-sample gradients (``vmap(grad(...))``), clip
+- DP-SGD as Opacus' ``DPOptimizer`` does it: per-sample gradients (autograd through a ``vmap``
+  over per-sample copies of the weights), clip
   factor ``min(1, C / (||g_i|| + 1e-6))``, sum, add ``N(0, (zC)^2)``, divide by the expected
   batch size; an empty Poisson batch still takes a noise-only step;
 - SGD with momentum / weight decay as ``torch.optim.SGD``, FedProx's ``mu (w - w0)`` added after
@@ -106,7 +107,8 @@ class VectorizedTrainer:
         # Gradients come from autograd on the summed losses of independent copies of the weights
         # (one per client, or one per sample for DP), not from torch.func.grad: its first call
         # imports torch._dynamo (~1.1 s and ~70 MiB in every worker). Each copy's gradient is its
-        # own loss's gradient; for plain SGD the bits are vmap(grad)'s, and both run as fast.
+        # own loss's gradient. Plain SGD gets vmap(grad)'s very bits; per-sample gradients agree
+        # to float rounding (1e-7) and took 63 ms against 75 for a group of 8 x 16 (one thread).
         self._client_losses = vmap(client_loss)  # weights [G, ...]
         self._sample_losses = vmap(vmap(sample_loss))  # weights [G, B, ...]
         self._sample_losses_one = vmap(sample_loss)  # weights [B, ...]

@@ -1,0 +1,82 @@
+"""`raysim run` prepares its experiment in a forked child and hands the algorithm to the actors
+sealed (raysim.experiment.prepare_apart, raysim.runtime.sealed): its driver never imports torch.
+Checked in fresh processes, since this one has torch loaded (where prepare_apart runs in-process).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from conftest import small_config
+
+
+def _run(script: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_prepare_apart_returns_sealed_and_raises_what_the_child_raised() -> None:
+    out = _run(
+        """
+        import sys
+        from raysim.config import ConfigError
+        from raysim.experiment import prepare_apart
+        from raysim.runtime.sealed import Sealed
+
+        def fails(exc):
+            def build():
+                raise exc
+            return build
+
+        for exc in (ConfigError("model.name: expected one of cnn, mlp"), ValueError("boom")):
+            try:
+                prepare_apart(fails(exc))
+            except type(exc) as got:
+                print(type(got).__name__, got)
+
+        def build():
+            from algorithms import Environment, get_algorithm
+            from raysim.config import load_config
+            from raysim.experiment import prepare
+            cfg = load_config(None, ["data.dataset=digits", "data.num_clients=4",
+                                     "data.cluster_sizes=null", "model.name=mlp"])
+            return [prepare(cfg, get_algorithm("fedavg"), Environment)]
+
+        (prep,) = prepare_apart(build)
+        print(type(prep.algorithm).__name__, type(prep.spec).__name__, prep.env)
+        print(prep.dataset.num_clients, prep.cfg.model.name, "torch" in sys.modules)
+        print(type(prep.algorithm.open()).__name__, "torch" in sys.modules)
+        """
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == [
+        "ConfigError model.name: expected one of cnn, mlp",
+        "ValueError boom",
+        "Sealed Sealed None",
+        "4 mlp False",
+        "FedAvg True",
+    ], out.stdout
+
+
+def test_the_driver_of_raysim_run_never_imports_torch(tmp_path) -> None:
+    sets = [s for item in small_config(rounds=2) for s in ("--set", item)]
+    argv = ["run", "--out", str(tmp_path / "run"), *sets]
+    out = _run(
+        f"""
+        import os, sys
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        from raysim.cli import main
+        code = main({argv!r})
+        print(code, "torch" in sys.modules)
+        """,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "0 False", out.stdout + out.stderr[-3000:]
+    assert (tmp_path / "run" / "summary.json").is_file()
