@@ -96,12 +96,16 @@ def prepare(cfg: ExperimentConfig, algorithm_cls: Callable[[Any], Any], env_cls:
     return Prepared(cfg, ds, algorithm, env, algorithm.privacy_summary(), model_spec(cfg))
 
 
-def prepare_apart(build: Callable[[], list[Prepared]]) -> list[Prepared]:
+def prepare_apart(
+    build: Callable[[], list[Prepared]], meanwhile: Callable[[], Any] | None = None
+) -> list[Prepared]:
     """``build()`` (configs and ``prepare``) in a forked child process. What comes back holds the
     algorithm and the model spec sealed (raysim.runtime.sealed), so this process never imports
     torch: ~150 MiB kept out of `raysim run`'s driver for the whole run. A ConfigError is raised
     here as itself. In-process where it would gain nothing (torch already loaded here), where Ray
-    runs in this process (forking its threads is unsafe), and off Linux (no safe fork)."""
+    runs in this process (forking its threads is unsafe), and off Linux (no safe fork).
+    ``meanwhile`` runs here while the child works (e.g. imports the driver needs next: on two
+    cores they take the other core)."""
     ray_here = "ray" in sys.modules and sys.modules["ray"].is_initialized()
     if sys.platform != "linux" or "torch" in sys.modules or ray_here:
         return build()
@@ -111,6 +115,8 @@ def prepare_apart(build: Callable[[], list[Prepared]]) -> list[Prepared]:
     child.start()
     send.close()
     try:
+        if meanwhile is not None:
+            meanwhile()
         kind, payload = receive.recv()
     except EOFError:
         child.join()
