@@ -203,13 +203,7 @@ class FederatedAlgorithm(Algorithm):
     ) -> ClientReport:
         """Train from ``weights``; the update goes on the report as the privacy mode releases it
         (``slot``: the model trained, where a secure aggregation adds it)."""
-        x, y = ctx.train_data()
-        res = ctx.trainer.train_one(weights, x, y, task.train, ctx.generator("train"))
-        report = ClientReport(
-            task.client_id, None, res.num_samples, task.cluster, res.train_loss, extra=extra
-        )
-        self.privacy.release_update(report, task, res, ctx, slot)
-        return report
+        return self.train_clients([task], [ctx], [weights], [slot], [extra])[0]
 
     def client_step(self, task: ClientTask, ctx: ClientContext) -> ClientReport:
         return self.train_client(task, ctx, ctx.models[task.cluster or 0])
@@ -227,12 +221,19 @@ class FederatedAlgorithm(Algorithm):
         )
 
     def train_clients(
-        self, tasks: list[ClientTask], ctxs: list[ClientContext], weights: list[torch.Tensor]
+        self,
+        tasks: list[ClientTask],
+        ctxs: list[ClientContext],
+        weights: list[torch.Tensor],
+        slots: list[int | None] | None = None,
+        extras: list[dict[str, Any]] | None = None,
     ) -> list[ClientReport]:
-        """train_client for a group: the same reports, through trainer.train_many, each update
-        released by the privacy mode."""
+        """train_client for a group, through trainer.train_many (one vectorized group where the
+        trainer can), each update released by the privacy mode."""
         if not tasks:
             return []
+        slots = slots or [None] * len(tasks)
+        extras = extras or [{} for _ in tasks]
         results = ctxs[0].trainer.train_many(
             weights,
             [c.train_data() for c in ctxs],
@@ -240,9 +241,11 @@ class FederatedAlgorithm(Algorithm):
             [c.generator("train") for c in ctxs],
         )
         reports = []
-        for t, c, r in zip(tasks, ctxs, results, strict=True):
-            report = ClientReport(t.client_id, None, r.num_samples, t.cluster, r.train_loss)
-            self.privacy.release_update(report, t, r, c)
+        for t, c, r, slot, extra in zip(tasks, ctxs, results, slots, extras, strict=True):
+            report = ClientReport(
+                t.client_id, None, r.num_samples, t.cluster, r.train_loss, extra=extra
+            )
+            self.privacy.release_update(report, t, r, c, slot)
             reports.append(report)
         return reports
 

@@ -127,18 +127,49 @@ class ClusteredAlgorithm(FederatedAlgorithm):
         return self.task(client, cluster=None, select=True)
 
     def client_step(self, task: ClientTask, ctx: ClientContext) -> ClientReport:
+        return self.train_chosen([task], [ctx], [self.choose(task, ctx)])[0]
+
+    def client_steps(
+        self, tasks: list[ClientTask], ctxs: list[ClientContext]
+    ) -> list[ClientReport]:
+        """Each selecting client first chooses its model privately (its own scores and
+        generator), then the group trains as one vectorized group, each client from the model
+        it trains. The draws are per client and purpose, so choosing first changes no bit."""
+        if type(self).client_step is not ClusteredAlgorithm.client_step:  # a subclass's own
+            return [self.client_step(t, c) for t, c in zip(tasks, ctxs, strict=True)]
+        choices = [self.choose(t, c) for t, c in zip(tasks, ctxs, strict=True)]
+        return self.train_chosen(tasks, ctxs, choices)
+
+    def train_chosen(
+        self, tasks: list[ClientTask], ctxs: list[ClientContext], choices: list[tuple[int, Any]]
+    ) -> list[ClientReport]:
+        """Train each client on the model it chose (``choose``), as one group."""
+        slots: list[int | None] = []
+        extras: list[dict[str, Any]] = []
+        for m, choice in choices:
+            selected = choice is not None
+            slots.append(m if selected else None)
+            extras.append(
+                {"selected": True} if selected and not self.privacy.secure_aggregation else {}
+            )
+        weights = [c.models[m] for c, (m, _) in zip(ctxs, choices, strict=True)]
+        reports = self.train_clients(tasks, ctxs, weights, slots, extras)
+        for report, (_, choice) in zip(reports, choices, strict=True):
+            if choice is not None:
+                self.privacy.report_choice(report, choice)
+        return reports
+
+    def choose(self, task: ClientTask, ctx: ClientContext) -> tuple[int, Any]:
+        """The model ``task`` trains, and the released choice (None: the server assigned it)."""
         if not task.extra.get("select"):
-            return self.train_client(task, ctx, ctx.models[task.cluster or 0])
+            return task.cluster or 0, None
         x, y = ctx.train_data()
         losses, accs = model_scores(ctx.trainer, list(ctx.models), x, y, self.params.loss_clip)
         utility, sens = selection_utility(self.params, losses, accs, len(x))
-        eps = self.params.eps_select
-        choice = self.privacy.release_choice(utility, sens, eps, ctx.rng("select"))
-        m = int(getattr(choice, "value", choice))
-        extra = {} if self.privacy.secure_aggregation else {"selected": True}
-        report = self.train_client(task, ctx, ctx.models[m], slot=m, **extra)
-        self.privacy.report_choice(report, choice)
-        return report
+        choice = self.privacy.release_choice(
+            utility, sens, self.params.eps_select, ctx.rng("select")
+        )
+        return int(getattr(choice, "value", choice)), choice
 
     # -- server ------------------------------------------------------------------------------
     def aggregate_clusters(

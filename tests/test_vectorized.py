@@ -178,3 +178,51 @@ def test_group_size_setting():
     assert load_config(None, ["runtime.client_group_size=8"]).runtime.client_group_size == 8
     assert group_size("auto", 0.0) == 1 and group_size("auto", 0.5) == 32
     assert group_size(5, 0.0) == 5
+
+
+@pytest.mark.parametrize("algorithm", ["ifca", "rdpcfl"])
+def test_clustered_algorithms_train_a_group_at_once(monkeypatch, algorithm):
+    """IFCA and R-DPCFL (clients that choose their model privately, or are told it) train the
+    group as one vectorized group: the same choices as one client at a time and, to float
+    rounding, the same models."""
+    from conftest import small_config
+
+    from algorithms import Environment, get_algorithm
+    from raysim.compare import for_algorithm, inline_loop
+    from raysim.config import load_config
+    from raysim.experiment import prepare
+
+    sizes: list[int] = []
+    train_many = LocalTrainer.train_many
+
+    def counting(self, weights, *args):
+        sizes.append(len(weights))
+        return train_many(self, weights, *args)
+
+    monkeypatch.setattr(LocalTrainer, "train_many", counting)
+
+    def run(group: int):
+        sets = small_config(
+            **{
+                "algorithm.name": algorithm,
+                "algorithm.num_clusters": 2,
+                "rounds": 4,
+                "runtime.client_group_size": group,
+                "data.samples_per_client": 40,
+            }
+        )
+        cfg = for_algorithm(load_config(None, sets), quiet=True)
+        loop = inline_loop(prepare(cfg, get_algorithm(cfg.algorithm.name), Environment))
+        rows = [loop.step() for _ in range(cfg.rounds)]
+        return loop.state, rows
+
+    one, rows_one = run(1)
+    assert set(sizes) == {1}
+    sizes.clear()
+    grouped, rows_grouped = run(8)
+    assert max(sizes) == 8  # not one client at a time
+    selected = [r for r in rows_grouped if r.get("stage", 3) == 3]
+    assert selected, "no round in which the clients chose"
+    assert np.array_equal(one.assigned, grouped.assigned)
+    for a, b in zip(one.models, grouped.models, strict=True):
+        assert torch.allclose(a, b, atol=1e-5), float((a - b).abs().max())

@@ -27,7 +27,9 @@ def _run(tmp_path, name, **overrides):
     return table.drop(columns=["round_seconds"])
 
 
-@pytest.mark.parametrize(("algorithm", "mode"), [("fedavg", "sample"), ("local", "none")])
+@pytest.mark.parametrize(
+    ("algorithm", "mode"), [("fedavg", "sample"), ("local", "none"), ("ifca", "sample")]
+)
 def test_one_two_three_workers_identical(ray_session, tmp_path, algorithm, mode):
     common = {
         "algorithm.name": algorithm,
