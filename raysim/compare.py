@@ -103,18 +103,25 @@ def run_inline(
 
 
 def run_one(prep: Any, out: Path, inline: bool, overwrite: bool = False) -> None:
+    """One run, with the progress bar ``raysim run`` shows (inline too: a long run must show
+    that it moves, and how fast)."""
+    from raysim.cli import _progress
     from raysim.metrics.results import write_results
 
-    if inline:
-        if overwrite and out.is_dir():
-            import shutil
+    bar, update = _progress(prep.cfg, f"{prep.cfg.algorithm.name} seed {prep.cfg.seed}")
+    try:
+        if inline:
+            if overwrite and out.is_dir():
+                import shutil
 
-            shutil.rmtree(out)
-        write_results(out, prep, run_inline(prep))
-    else:
-        from raysim.experiment import run_prepared
+                shutil.rmtree(out)
+            write_results(out, prep, run_inline(prep, on_round=update))
+        else:
+            from raysim.experiment import run_prepared
 
-        run_prepared(prep, out, overwrite=overwrite)
+            run_prepared(prep, out, on_round=update, overwrite=overwrite)
+    finally:
+        bar.close()
 
 
 # ------------------------------------------------------------------------------- the table
