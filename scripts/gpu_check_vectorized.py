@@ -42,6 +42,22 @@ def inputs(group: int, samples: int, seed: int = 0):
     return data, [init.clone() for _ in range(group)]
 
 
+GRADIENT_BACKENDS = {
+    "cuDNN (default algorithms)": {"enabled": True, "benchmark": False, "deterministic": False},
+    "cuDNN deterministic": {"enabled": True, "benchmark": False, "deterministic": True},
+    "cuDNN off (native kernels)": {"enabled": False},
+}
+
+
+def gradient(client, dtype: torch.dtype, device: str) -> torch.Tensor:
+    """The full-batch cross-entropy gradient of the seed-0 CNN on one client's data."""
+    x, y = client
+    model = build_model("cnn", (1, 28, 28), 10, seed=0).to(device, dtype)
+    logits = model(torch.from_numpy(x).to(device, dtype))
+    torch.nn.functional.cross_entropy(logits, torch.from_numpy(y).to(device)).backward()
+    return torch.cat([p.grad.reshape(-1).to("cpu", torch.float64) for p in model.parameters()])
+
+
 def gens(group: int, seed: int) -> list[torch.Generator]:
     return [torch.Generator().manual_seed(seed * 1000 + i) for i in range(group)]
 
@@ -99,13 +115,33 @@ def main() -> int:
     # cuDNN convolutions default to TF32 (10-bit mantissa) on Ampere+: compare float32 arithmetic
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
+    if hasattr(torch.backends, "fp32_precision"):  # the newer switch (torch >= 2.9) as well
+        torch.backends.fp32_precision = "ieee"
     name = torch.cuda.get_device_name() if dev == "cuda" else dev
-    print(f"device: {name}; group {args.group}, ~{args.samples} samples per client")
+    print(f"device: {name} (torch {torch.__version__}); group {args.group}, ~{args.samples} each")
     data, weights = inputs(args.group, args.samples)
     ok = True
+    # One forward pass on both devices: ~1e-7 relative is float32, ~1e-3 would be TF32.
+    model = build_model("cnn", (1, 28, 28), 10, seed=0)
+    x = torch.from_numpy(data[0][0])
+    with torch.no_grad():
+        on_cpu = model(x)
+        on_dev = model.to(dev)(x.to(dev)).cpu()
+    rel = float((on_cpu - on_dev).abs().max() / on_cpu.abs().max())
+    print(f"one forward pass, cpu vs {dev}: max relative difference {rel:.1e}")
+    # One gradient against float64 on the CPU, under each convolution back end: which one (if
+    # any) strays from float32 accuracy (~1e-6). The plain SGD checks below have strayed on an
+    # H100 and an H200 (2.4e-3 after one step) while the forward pass agreed.
+    reference = gradient(data[0], torch.float64, "cpu")
+    for label, settings in GRADIENT_BACKENDS.items():
+        with torch.backends.cudnn.flags(**settings):
+            diff = (gradient(data[0], torch.float32, dev) - reference).abs().max()
+        rel = float(diff / reference.abs().max())
+        print(f"one gradient on {dev}, {label}: max relative difference {rel:.1e}")
     # CPU and device draw the same batches here (plain SGD permutations, full-batch DP):
     # the vectorized results must agree across devices.
     cross = {
+        "plain SGD, one step": TrainConfig(lr=0.05, batch_size=64),
         "plain SGD": TrainConfig(lr=0.05, batch_size=16),
         "plain SGD, momentum 0.9, 2 epochs": TrainConfig(
             lr=0.05, batch_size=16, momentum=0.9, local_epochs=2
