@@ -142,13 +142,16 @@ class VectorizedTrainer:
         center = {k: v.clone() for k, v in params.items()} if cfg.prox_mu > 0 else None
         momentum: dict[str, torch.Tensor] | None = None
         steps = max((c.total_steps for c in clients), default=0)
+        losses: list[tuple[torch.Tensor, list[tuple[int, int, int]]]] = []
         for t in range(steps):
             active = [t < c.total_steps for c in clients]
             if cfg.dp:
-                grads = self._dp_grads(params, xs, ys, clients, cfgs, cfg, t, active)
+                grads, step_losses = self._dp_grads(params, xs, ys, clients, cfgs, cfg, t, active)
             else:
-                grads = self._plain_grads(params, xs, ys, clients, cfg, t, active)
+                grads, step_losses = self._plain_grads(params, xs, ys, clients, cfg, t, active)
+            losses.append(step_losses)
             momentum = self._sgd_step(params, grads, center, cfg, active, momentum)
+        self._settle_losses(clients, losses)
         new = self._flatten(params).to("cpu", torch.float32)
         out = []
         for i, c in enumerate(clients):
@@ -179,13 +182,24 @@ class VectorizedTrainer:
         seed = int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device))
         return torch.Generator(device=self.device).manual_seed(seed)
 
-    def _track_loss(self, c: _Client, epoch: int, loss_sum: float, count: int) -> None:
-        """Mean per-sample loss over the last epoch run (LocalTrainer's train_loss)."""
-        if epoch != c.epoch:
-            c.epoch, c.loss_total, c.count = epoch, 0.0, 0
-        c.loss_total += loss_sum
-        c.count += count
-        c.loss = c.loss_total / c.count if c.count else float("nan")
+    @staticmethod
+    def _settle_losses(
+        clients: list[_Client], steps: list[tuple[torch.Tensor, list[tuple[int, int, int]]]]
+    ) -> None:
+        """Each client's mean per-sample loss over the last epoch it ran (LocalTrainer's
+        train_loss), from every step's per-client loss sums read back once: reading them each
+        step would make a GPU wait for every step before the next is queued."""
+        if not steps:
+            return
+        sums = torch.stack([s for s, _ in steps]).tolist()
+        for row, (_, entries) in zip(sums, steps, strict=True):
+            for i, epoch, count in entries:
+                c = clients[i]
+                if epoch != c.epoch:
+                    c.epoch, c.loss_total, c.count = epoch, 0.0, 0
+                c.loss_total += row[i]
+                c.count += count
+                c.loss = c.loss_total / c.count if c.count else float("nan")
 
     # ----------------------------------------------------------------------------- steps
     def _grads(self, losses_fn, params, *batch):
@@ -216,7 +230,6 @@ class VectorizedTrainer:
         return self._grads(self._sample_losses, expanded, xb, yb)
 
     def _plain_grads(self, params, xs, ys, clients, cfg, t, active):
-        g = len(clients)
         rows, sizes = [], []
         for c, on in zip(clients, active, strict=True):
             if not on:
@@ -232,13 +245,18 @@ class VectorizedTrainer:
         w = mask / torch.tensor([max(s, 1) for s in sizes], dtype=torch.float32)[:, None]
         xb, yb = self._gather(xs, ys, idx)
         grads, losses = self._grads(self._client_losses, params, xb, yb, w.to(self.device))
-        sums = (losses * mask.to(self.device)).sum(1).tolist()
-        for i in range(g):
+        sums = (losses * mask.to(self.device)).sum(1)
+        return grads, (sums, self._loss_entries(clients, cfg, t, active, sizes))
+
+    @staticmethod
+    def _loss_entries(clients, cfg, t, active, sizes) -> list[tuple[int, int, int]]:
+        """(client, epoch, samples) of this step's active clients, for _settle_losses."""
+        out = []
+        for i, c in enumerate(clients):
             if active[i]:
-                c = clients[i]
                 spe = 1 if cfg.full_batch else -(-c.n // c.b)
-                self._track_loss(c, t // spe, sums[i], sizes[i])
-        return grads
+                out.append((i, t // spe, sizes[i]))
+        return out
 
     def _dp_grads(self, params, xs, ys, clients, cfgs, cfg, t, active):
         rows = []
@@ -263,28 +281,34 @@ class VectorizedTrainer:
         norms = torch.stack([f.norm(2, dim=-1) for f in flat], dim=-1).norm(2, dim=-1)  # [G, B]
         clip = torch.tensor([c.dp_clip for c in cfgs], dtype=torch.float32, device=self.device)
         factor = (clip[:, None] / (norms + 1e-6)).clamp(max=1.0) * mask
-        sums = (losses * mask).sum(1).tolist()
+        sums = (losses * mask).sum(1)
         grads = {}
         for k in self.names:
             grads[k] = torch.einsum("gi,gi...->g...", factor, per_sample[k])
-        for i, (c, ci) in enumerate(zip(clients, cfgs, strict=True)):
-            if not active[i]:
-                continue
-            std = ci.dp_noise_multiplier * ci.dp_clip
-            for k, shape in zip(self.names, self.shapes, strict=True):
-                if std != 0:  # Opacus draws nothing at std 0 (_generate_noise returns zeros)
-                    grads[k][i] += torch.normal(
-                        mean=0,
-                        std=std,
-                        size=shape,
-                        device=self.device,
-                        generator=c.noise_gen,
-                        dtype=torch.float32,
-                    )
-                grads[k][i] /= c.b
-            spe = 1 if cfg.full_batch else -(-c.n // c.b)
-            self._track_loss(c, t // spe, sums[i], rows[i].numel())
-        return grads
+        # Opacus per client: each parameter's noise from the client's generator, in parameter
+        # order (none at std 0), added to the clipped sum, divided by the expected batch size.
+        # The same draws and float operations, one addition and one division per parameter for
+        # the whole group (a GPU launches a kernel per operation). Rows of inactive clients
+        # are left to _sgd_step, which does not move them.
+        stds = [ci.dp_noise_multiplier * ci.dp_clip for ci in cfgs]
+        noisy = [i for i in range(len(clients)) if active[i] and stds[i] != 0]
+        divisors = {clients[i].b for i in range(len(clients)) if active[i]}
+        for k, shape in zip(self.names, self.shapes, strict=True):
+            if noisy:
+                # contiguous, whatever the strides of grads[k]: a strided row would be filled
+                # in another order than Opacus' fresh tensor
+                noise = grads[k].new_zeros(grads[k].shape)
+                for i in noisy:
+                    torch.normal(0.0, stds[i], shape, generator=clients[i].noise_gen, out=noise[i])
+                grads[k] += noise
+            if len(divisors) == 1:  # one python divisor, as Opacus divides (CUDA: by 1/b)
+                grads[k] /= next(iter(divisors))
+            else:
+                for i in range(len(clients)):
+                    if active[i]:
+                        grads[k][i] /= clients[i].b
+        sizes = [r.numel() for r in rows]
+        return grads, (sums, self._loss_entries(clients, cfg, t, active, sizes))
 
     def _sgd_step(self, params, grads, center, cfg, active, momentum):
         """torch.optim.SGD (dampening 0, no Nesterov) on the active clients only."""
