@@ -244,8 +244,8 @@ class VectorizedTrainer:
         idx, mask = self._index(rows)
         w = mask / torch.tensor([max(s, 1) for s in sizes], dtype=torch.float32)[:, None]
         xb, yb = self._gather(xs, ys, idx)
-        grads, losses = self._grads(self._client_losses, params, xb, yb, w.to(self.device))
-        sums = (losses * mask.to(self.device)).sum(1)
+        grads, losses = self._grads(self._client_losses, params, xb, yb, self._put(w))
+        sums = (losses * self._put(mask)).sum(1)
         return grads, (sums, self._loss_entries(clients, cfg, t, active, sizes))
 
     @staticmethod
@@ -276,10 +276,10 @@ class VectorizedTrainer:
             g = len(clients)
             per_sample = {k: v.new_zeros((g, 0, *v.shape[1:])) for k, v in params.items()}
             losses = torch.zeros(len(clients), 0, device=self.device)
-        mask = mask.to(self.device)
+        mask = self._put(mask)
         flat = [per_sample[k].flatten(2) for k in self.names]
         norms = torch.stack([f.norm(2, dim=-1) for f in flat], dim=-1).norm(2, dim=-1)  # [G, B]
-        clip = torch.tensor([c.dp_clip for c in cfgs], dtype=torch.float32, device=self.device)
+        clip = self._put(torch.tensor([c.dp_clip for c in cfgs], dtype=torch.float32))
         factor = (clip[:, None] / (norms + 1e-6)).clamp(max=1.0) * mask
         sums = (losses * mask).sum(1)
         grads = {}
@@ -312,7 +312,7 @@ class VectorizedTrainer:
 
     def _sgd_step(self, params, grads, center, cfg, active, momentum):
         """torch.optim.SGD (dampening 0, no Nesterov) on the active clients only."""
-        on = torch.tensor(active, device=self.device)
+        on = self._put(torch.tensor(active))
         with torch.no_grad():
             if momentum is None and cfg.momentum != 0:
                 momentum = {}
@@ -371,8 +371,16 @@ class VectorizedTrainer:
             mask[i, : r.numel()] = 1.0
         return idx, mask
 
+    def _put(self, t: torch.Tensor) -> torch.Tensor:
+        """A step's small host tensor (indices, masks) on the device. On CUDA from pinned memory
+        and asynchronous: a blocking copy makes the host wait for every kernel queued so far,
+        so the next step could not be queued while this one runs."""
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
+
     def _gather(self, xs, ys, idx):
-        idx = idx.to(self.device)
+        idx = self._put(idx)
         ar = torch.arange(idx.shape[0], device=self.device)[:, None]
         return xs[ar, idx], ys[ar, idx]
 
