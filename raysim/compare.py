@@ -1,7 +1,7 @@
 """`raysim compare`: one setup under several algorithms and seeds, and the paper's table.
 
     raysim compare CONFIG --algorithms rdpcfl,ifca,fedavg,local --seeds 0,1,2 [--set k=v]
-                   [--out DIR] [--inline] [--report-only]
+                   [--out DIR] [--inline [--jobs N]] [--report-only]
 
 Each (algorithm, seed) run writes its usual result directory under OUT/ALGORITHM/seedS; the
 table (mean +- std over seeds of the final All / Majority / Minority accuracy, the minimum client
@@ -10,7 +10,9 @@ R-DPCFL's chosen M, MSS and E_c) is printed and written to OUT/compare.md and co
 
 ``--inline`` runs the rounds in this process, without Ray (``run_inline``): the same algorithm
 calls with the same seeded generators, so the same numbers as the engine on the same device;
-it serves machines without Ray (the GPU box) and tests. ``--report-only`` re-reads OUT.
+it serves machines without Ray (the GPU box) and tests. ``--jobs N`` runs N of the inline runs
+at once, each in its own process (each run's numbers are the same as alone). ``--report-only``
+re-reads OUT.
 """
 
 from __future__ import annotations
@@ -204,6 +206,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key")
     p.add_argument("--out", help="result directory (default: runs/compare-NAME-TIME)")
     p.add_argument("--inline", action="store_true", help="run in this process, without Ray")
+    p.add_argument(
+        "--jobs", type=int, default=1, help="with --inline: runs at once, one process each"
+    )
     p.add_argument("--report-only", action="store_true", help="only re-read OUT's runs")
     p.add_argument("--overwrite", action="store_true", help="replace runs already in OUT")
     return p
@@ -217,7 +222,12 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         msg = f"--seeds: expected comma-separated integers, got {args.seeds!r}"
         raise ConfigError(msg) from None
+    if args.jobs < 1 or (args.jobs > 1 and not args.inline):
+        msg = f"--jobs: expected 1, or a count above 1 with --inline; got {args.jobs}"
+        raise ConfigError(msg + ("" if args.inline else " without --inline"))
     sets = list(args.set or [])
+    if args.jobs > 1:  # one progress bar per process would garble the terminal
+        sets.append("runtime.progress=false")
     configs = [
         for_algorithm(load_config(args.config, sets + [f"algorithm.name={a}", f"seed={s}"]))
         for a in algorithms
@@ -225,18 +235,22 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     ]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / f"compare-{configs[0].name}-{stamp}"
+    failed: list[str] = []
     if not args.report_only:
         from raysim.rundir import check_target
 
         for cfg in configs:  # never overwrite results unasked, and refuse before anything runs
             check_target(out / cfg.algorithm.name / f"seed{cfg.seed}", args.overwrite)
-        run_all(configs, out, args.inline, args.overwrite)
+        failed = run_all(configs, out, args.inline, args.overwrite, args.jobs)
     runs = collect(out)
     text = table(runs, algorithms)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(text + "\n")
     (out / "compare.json").write_text(json.dumps(runs, indent=1, default=str))
     print(text)
+    if failed:
+        print(f"raysim compare: failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -261,10 +275,12 @@ def for_algorithm(cfg: Any, quiet: bool = False) -> Any:
     return build_config(raw)
 
 
-def run_all(configs: list[Any], out: Path, inline: bool, overwrite: bool = False) -> None:
-    from algorithms import Environment, get_algorithm
-    from raysim.experiment import prepare
-
+def run_all(
+    configs: list[Any], out: Path, inline: bool, overwrite: bool = False, jobs: int = 1
+) -> list[str]:
+    """Every run, one after another (or ``jobs`` inline runs at once); the runs that failed."""
+    if inline and jobs > 1:
+        return _run_parallel(configs, out, overwrite, jobs)
     started = False
     if not inline:  # one Ray for all the runs, not one start per run
         from raysim.runtime.session import ensure_ray
@@ -272,20 +288,48 @@ def run_all(configs: list[Any], out: Path, inline: bool, overwrite: bool = False
         started = ensure_ray(configs[0].runtime)
     try:
         for cfg in configs:
-            prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
-            run_dir = out / cfg.algorithm.name / f"seed{cfg.seed}"
-            t0 = time.perf_counter()
-            run_one(prep, run_dir, inline, overwrite)
-            print(
-                f"{cfg.algorithm.name} seed {cfg.seed}: {time.perf_counter() - t0:.0f} s "
-                f"-> {run_dir}",
-                file=sys.stderr,
-            )
+            _run_job(cfg, out, inline, overwrite)
     finally:
         if started:
             import ray
 
             ray.shutdown()
+    return []
+
+
+def _run_job(cfg: Any, out: Path, inline: bool, overwrite: bool) -> None:
+    from algorithms import Environment, get_algorithm
+    from raysim.experiment import prepare
+
+    prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+    run_dir = out / cfg.algorithm.name / f"seed{cfg.seed}"
+    t0 = time.perf_counter()
+    run_one(prep, run_dir, inline, overwrite)
+    print(
+        f"{cfg.algorithm.name} seed {cfg.seed}: {time.perf_counter() - t0:.0f} s -> {run_dir}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _run_parallel(configs: list[Any], out: Path, overwrite: bool, jobs: int) -> list[str]:
+    """Inline runs in ``jobs`` fresh (spawned: CUDA cannot be forked) processes. A run that
+    fails is named, the others go on."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    failed = []
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(jobs, len(configs)), mp_context=context) as pool:
+        futures = {pool.submit(_run_job, cfg, out, True, overwrite): cfg for cfg in configs}
+        for future in as_completed(futures):
+            cfg = futures[future]
+            try:
+                future.result()
+            except Exception as exc:  # noqa: BLE001 - reported, the other runs go on
+                failed.append(f"{cfg.algorithm.name} seed {cfg.seed}")
+                print(f"{failed[-1]} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return failed
 
 
 def main(argv: Sequence[str] | None = None) -> int:

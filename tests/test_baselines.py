@@ -4,6 +4,7 @@ short end-to-end run of every algorithm through the in-process runner (no Ray)."
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -172,3 +173,27 @@ def test_compare_cli_reports_finished_runs(tmp_path, capsys):
     assert "| oracle | 1 | 2 |" in text and "1/1" in text  # ARI = 1 after round 1
     assert (tmp_path / "out" / "compare.md").read_text().strip() == text.strip()
     assert main([*argv[:3], "--seeds", "x", "--report-only"]) == 2
+
+
+def test_compare_inline_jobs_run_in_parallel_with_the_same_numbers(tmp_path, capsys):
+    """--jobs 2 runs the inline runs in two processes: the same final numbers as one by one."""
+    import json
+
+    from raysim.compare import main
+
+    sets = small_config(**{"rounds": 2, "data.samples_per_client": 40})
+    argv = [str(Path(__file__).parents[1] / "raysim" / "demo.yaml"), "--inline"]
+    argv += ["--algorithms", "fedavg,local", "--seeds", "0"]
+    for s in sets:
+        argv += ["--set", s]
+    assert main([*argv, "--out", str(tmp_path / "one")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "two"), "--jobs", "2"]) == 0
+    for algorithm in ("fedavg", "local"):
+        a, b = (
+            json.loads((tmp_path / o / algorithm / "seed0" / "summary.json").read_text())["final"]
+            for o in ("one", "two")
+        )
+        assert a.pop("round_seconds") > 0 and b.pop("round_seconds") > 0
+        assert a == b
+    assert main([*argv, "--out", str(tmp_path / "x"), "--jobs", "0"]) == 2
+    assert "--jobs" in capsys.readouterr().err

@@ -66,8 +66,8 @@ CASES: dict[str, tuple[list[str], bool]] = {
     "raysim --help": ([], False),
     "raysim compare configs/rdpcfl_fmnist_rotation.yaml --algorithms rdpcfl,ifca,local,fedavg "
     "--seeds 0,1,2,3 --set rounds=18 --inline": (TINY_FMNIST, True),
-    "raysim compare configs/rdpcfl_fmnist_rotation.yaml --inline --algorithms rdpcfl --seeds 0,1 "
-    "--set training.eval_every=10": (TINY_FMNIST, True),
+    "raysim compare configs/rdpcfl_fmnist_rotation.yaml --inline --jobs 2 --algorithms rdpcfl "
+    "--seeds 0,1 --set training.eval_every=10": (TINY_FMNIST, True),
     "raysim sweep tune/sweeps/rdpcfl_eps_x_algorithm.yaml --out runs/sweep-eps [--num-samples N] "
     "[--scheduler asha] [--set rounds=6] [--max-concurrent 2]": (TINY_FMNIST, True),
     "raysim sweep tune/sweeps/rdpcfl_eps_x_algorithm.yaml --out runs/sweep-eps --resume": (
