@@ -135,10 +135,15 @@ class ClusteredAlgorithm(FederatedAlgorithm):
         """Each selecting client first chooses its model privately (its own scores and
         generator), then the group trains as one vectorized group, each client from the model
         it trains. The draws are per client and purpose, so choosing first changes no bit."""
-        if type(self).client_step is not ClusteredAlgorithm.client_step:  # a subclass's own
+        if not self.trains_in_groups():
             return [self.client_step(t, c) for t, c in zip(tasks, ctxs, strict=True)]
         choices = [self.choose(t, c) for t, c in zip(tasks, ctxs, strict=True)]
         return self.train_chosen(tasks, ctxs, choices)
+
+    def trains_in_groups(self) -> bool:
+        """Whether client_steps may choose, then train the group at once; a subclass with a
+        client step of its own says when it may."""
+        return type(self).client_step is ClusteredAlgorithm.client_step
 
     def train_chosen(
         self, tasks: list[ClientTask], ctxs: list[ClientContext], choices: list[tuple[int, Any]]

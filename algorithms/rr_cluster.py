@@ -196,6 +196,9 @@ class RRCluster(IFCA):
             return fesem_step(self, task, ctx)
         return super().client_step(task, ctx)
 
+    def trains_in_groups(self) -> bool:
+        return self.params.base != "fesem"  # FeSEM clients train from the centres' mean
+
     # -- server ----------------------------------------------------------------------------
     def group(self, reports: list[Message], k: int, rng: np.random.Generator) -> np.ndarray:
         """Each report's cluster for aggregation: noisy ids (client mode), then rebalancing."""
