@@ -13,18 +13,28 @@ import torch
 
 from algorithms.base import Environment
 from algorithms.fedavg import FedAvg, GlobalState
+from raysim.config import ConfigError
 from raysim.models import build_from_spec, model_spec
 from raysim.privacy import postprocess
 from raysim.protocol import ClientContext, ClientReport, ClientTask, EvalReport, RoundPlan
 
 
 def head_size(env: Environment) -> int:
-    """Parameters of the last layer (weight and bias: the last two in flattening order)."""
+    """Parameters of the last layer (the module that holds the model's last parameter), which
+    end the flat trainable vector. A frozen last layer (LoRA without its head) has no personal
+    head to keep: refused, rather than taking the last adapters for one."""
     cfg = env.cfg
-    shape, classes = env.feature_shape, env.num_classes
-    model = build_from_spec(model_spec(cfg), shape, classes, seed=0)
-    params = [p for p in model.parameters() if p.requires_grad]
-    return sum(p.numel() for p in params[-2:])
+    model = build_from_spec(model_spec(cfg), env.feature_shape, env.num_classes, seed=0)
+    named = list(model.named_parameters())
+    layer = named[-1][0].rpartition(".")[0]
+    head = [p for name, p in named if name.rpartition(".")[0] == layer]
+    if not all(p.requires_grad for p in head):
+        raise ConfigError(
+            f"algorithm.name=fedper: the model's last layer ({layer or 'the model'}) is frozen, "
+            "so there is no personal head to keep; train it (vit_lora: model.train_head=true) "
+            "or choose another model"
+        )
+    return sum(p.numel() for p in head)
 
 
 class FedPer(FedAvg):

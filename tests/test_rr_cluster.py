@@ -229,6 +229,19 @@ def test_fedper_keeps_the_head_on_the_client():
     assert torch.equal(algo.personal(torch.zeros(p), None), torch.zeros(p))
 
 
+def test_fedper_head_is_the_last_layer_and_a_frozen_one_is_refused():
+    """A LoRA ViT trains adapters only: its last trainable parameters are the last block's
+    adapters, not a head. FedPer refuses it, and takes the head when the head trains."""
+    from algorithms.fedper import FedPer
+    from raysim.config import ConfigError
+
+    lora = ("privacy.mode=none", "model.name=vit_lora", "model.base=random")
+    with pytest.raises(ConfigError, match="model.train_head=true"):
+        FedPer(env_for(*lora))
+    algo = FedPer(env_for(*lora, "model.train_head=true"))
+    assert algo.head == 64 * 10 + 10  # the ViT's head: dim 64 -> 10 classes
+
+
 def test_a_B_that_moves_nothing_changes_no_draw():
     """Rebalancing draws from its own stream: runs differing only in B see the same identifier
     and model noise, so a B that moves nothing gives the very same models (paired comparisons)."""
