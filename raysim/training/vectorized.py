@@ -199,7 +199,8 @@ class VectorizedTrainer:
                     c.epoch, c.loss_total, c.count = epoch, 0.0, 0
                 c.loss_total += row[i]
                 c.count += count
-                c.loss = c.loss_total / c.count if c.count else float("nan")
+        for c in clients:
+            c.loss = c.loss_total / c.count if c.count else float("nan")
 
     # ----------------------------------------------------------------------------- steps
     def _grads(self, losses_fn, params, *batch):
