@@ -34,6 +34,8 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from raysim.training.config import TrainConfig, TrainResult, sampling_plan
+from raysim.training.layer_grads import LayerGrads, LayerRulesMissed
+from raysim.training.layer_grads import unsupported as layer_rules_unsupported
 from raysim.training.losses import as_tensor, per_sample_loss, targets
 
 # Per-sample gradients of a group live in memory at once (G x B x dim floats): models above this
@@ -112,6 +114,13 @@ class VectorizedTrainer:
         self._client_losses = vmap(client_loss)  # weights [G, ...]
         self._sample_losses = vmap(vmap(sample_loss))  # weights [G, B, ...]
         self._sample_losses_one = vmap(sample_loss)  # weights [B, ...]
+        # A group of one (every DP-SGD client on CPU) takes the layer rules where they apply:
+        # an ordinary batched forward pass, channels-last on CPU (~1.6x faster per step).
+        self._layer_grads = (
+            LayerGrads(model, task, self.names, channels_last=self.device.type == "cpu")
+            if layer_rules_unsupported(model, self.names) is None
+            else None
+        )
 
     def unsupported(self, cfgs: Sequence[TrainConfig]) -> str | None:
         return unsupported(cfgs, self.dim)
@@ -221,6 +230,14 @@ class VectorizedTrainer:
     def _per_sample_grads(self, params, xb, yb, one: bool):
         """Per-sample gradients [G, B, ...]: every sample gets its own (expanded) weights."""
         b = xb.shape[1]
+        if one and self._layer_grads is not None:
+            try:
+                grads, losses = self._layer_grads(
+                    {k: v[0] for k, v in params.items()}, xb[0], yb[0]
+                )
+                return {k: v.unsqueeze(0) for k, v in grads.items()}, losses.unsqueeze(0)
+            except LayerRulesMissed:
+                self._layer_grads = None  # this model hides a parameter from the rules
         if one:  # no client dimension to vmap over
             expanded = {k: v[0].expand(b, *v.shape[1:]) for k, v in params.items()}
             grads, losses = self._grads(self._sample_losses_one, expanded, xb[0], yb[0])

@@ -1,0 +1,145 @@
+"""Per-sample gradients by layer rules against torch.func's vmap(grad) (an independent
+implementation: per-sample autograd through the whole model), and the models they refuse."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+from torch.nn import functional as F
+
+from raysim.models import build_model
+from raysim.models.lora import apply_lora
+from raysim.training import TrainConfig
+from raysim.training.layer_grads import LayerGrads, LayerRulesMissed, unsupported
+from raysim.training.losses import per_sample_loss
+from raysim.training.vectorized import VectorizedTrainer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class Odd(nn.Module):
+    """Strided, dilated, grouped conv without bias; a Linear on [B, T, d]; a Linear called
+    twice; a layer never called."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, stride=2, padding=1, dilation=2, groups=2, bias=False)
+        self.tok = nn.Linear(4, 6)
+        self.mix = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 3)
+        self.unused = nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x.reshape(x.shape[0], 2, 9, 9)))
+        t = self.tok(h.flatten(2).transpose(1, 2))
+        t = self.mix(torch.tanh(self.mix(t)))
+        return self.head(t.mean(1))
+
+
+class Hidden(nn.Module):
+    """fc2's weight is also used outside fc2's call: invisible to the layer rules."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc1(x.reshape(x.shape[0], 8)))
+        return self.fc2(h) + F.linear(h, self.fc2.weight)
+
+
+def reference(model, names, xb, yb):
+    params = {k: p.detach() for k, p in model.named_parameters() if k in names}
+
+    def loss(p, xi, yi):
+        out = functional_call(model, p, (xi.unsqueeze(0),))
+        return per_sample_loss("classification", out, yi.unsqueeze(0)).sum()
+
+    return vmap(grad(loss), in_dims=(None, 0, 0))(params, xb, yb)
+
+
+def trainable(model):
+    return [k for k, p in model.named_parameters() if p.requires_grad]
+
+
+CASES = {
+    "cnn": (lambda: build_model("cnn", (1, 12, 12), 5, seed=1), (1, 12, 12), 5),
+    "mlp": (lambda: build_model("mlp", (20,), 4, seed=1), (20,), 4),
+    "odd": (lambda: Odd(), (2, 9, 9), 3),
+    "cnn_lora": (
+        lambda: apply_lora(build_model("cnn", (1, 12, 12), 5, seed=1), ["conv2", "fc"], 2, 4.0),
+        (1, 12, 12),
+        5,
+    ),
+}
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_per_sample_gradients_match_vmap_grad(case, channels_last):
+    build, shape, classes = CASES[case]
+    torch.manual_seed(3)
+    model = build()
+    if case == "cnn_lora":  # B = 0 at initialisation: give the adapters a gradient through B
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.normal_(0, 0.3)
+    names = trainable(model)
+    assert unsupported(model, names) is None
+    xb, yb = torch.randn(7, *shape), torch.randint(0, classes, (7,))
+    ref = reference(model, names, xb, yb)
+    params = {k: p.detach() for k, p in model.named_parameters() if k in names}
+    rules = LayerGrads(model, "classification", names, channels_last=channels_last)
+    for _ in range(2):  # the first call also checks the sum against the batch gradient
+        got, losses = rules(params, xb, yb)
+        assert set(got) == set(names)
+        for k in names:
+            assert got[k].shape == (7, *params[k].shape)
+            torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-4)
+        with torch.no_grad():
+            expected = per_sample_loss("classification", model(xb), yb)
+        torch.testing.assert_close(losses, expected)
+    if case == "odd":
+        assert float(got["unused.weight"].abs().max()) == 0.0
+
+
+def test_models_the_rules_cannot_see_are_refused():
+    bn = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4, affine=False), nn.Linear(4, 2))
+    assert "BatchNorm" in unsupported(bn, trainable(bn))
+    vit = build_model("vit", (1, 28, 28), 10, seed=0)
+    assert "not a Conv2d's or Linear's" in unsupported(vit, trainable(vit))
+    same = nn.Sequential(nn.Conv2d(1, 2, 3, padding="same"))
+    assert "pads with" in unsupported(same, trainable(same))
+    reflect = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, padding_mode="reflect"))
+    assert "'reflect'" in unsupported(reflect, trainable(reflect))
+    tied = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    tied[1].weight = tied[0].weight
+    assert "shared with 0.weight" in unsupported(tied, trainable(tied))
+
+
+def test_a_parameter_used_outside_its_module_is_caught_and_vmap_takes_over():
+    torch.manual_seed(0)
+    model = Hidden()
+    names = trainable(model)
+    assert unsupported(model, names) is None  # not visible in the structure
+    xb, yb = torch.randn(5, 8), torch.randint(0, 3, (5,))
+    params = {k: p.detach() for k, p in model.named_parameters()}
+    with pytest.raises(LayerRulesMissed, match="fc2.weight"):
+        LayerGrads(model, "classification", names, channels_last=False)(params, xb, yb)
+
+    # the trainer falls back to the vmap path, whose updates are the reference here
+    w = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    data = [(torch.randn(12, 8).numpy(), torch.randint(0, 3, (12,)).numpy())]
+    cfg = TrainConfig(lr=0.1, batch_size=4, dp_noise_multiplier=1.0, dp_clip=0.5)
+    vec = VectorizedTrainer(model, "classification")
+    assert vec._layer_grads is not None
+    got = vec.train_group([w], data, [cfg], [torch.Generator().manual_seed(1)])[0]
+    assert vec._layer_grads is None
+    ref_vec = VectorizedTrainer(Hidden(), "classification")
+    ref_vec._layer_grads = None
+    want = ref_vec.train_group([w], data, [cfg], [torch.Generator().manual_seed(1)])[0]
+    torch.testing.assert_close(got.update, want.update)
