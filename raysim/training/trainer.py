@@ -85,9 +85,9 @@ class LocalTrainer:
         it lands on, so the bits do not depend on the number of workers).
 
         Vectorized (``training.vectorized``) where it can be and where it pays: DP-SGD (its
-        per-sample ``vmap(grad)`` beats Opacus' hooks on CPU), groups of two or more clients,
-        any GPU; plain SGD one client at a time on CPU stays here (measured faster: see
-        docs/speed.md). Otherwise one ``train`` per client.
+        per-sample gradients, by layer rules or ``vmap``, beat Opacus' hooks on CPU), groups
+        of two or more clients, any GPU; plain SGD one client at a time on CPU stays here
+        (measured faster: see docs/speed.md). Otherwise one ``train`` per client.
         """
         if self.vectorize and (cfgs and (cfgs[0].dp or len(cfgs) > 1 or self.device.type != "cpu")):
             if self._vec is None:
@@ -109,7 +109,7 @@ class LocalTrainer:
         cfg: TrainConfig,
         generator: torch.Generator,
     ) -> TrainResult:
-        """One client as a group of one: the vectorized DP-SGD path where it applies (~1.3-1.4x
+        """One client as a group of one: the vectorized DP-SGD path where it applies (~1.5-1.6x
         Opacus' per client on CPU), else ``train``; same draws either way."""
         return self.train_many([weights], [(x, y)], [cfg], [generator])[0]
 

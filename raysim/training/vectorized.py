@@ -11,7 +11,7 @@ Exactly what ``LocalTrainer`` computes, up to float rounding:
   every parameter, drawn as Opacus' ``_generate_noise`` draws it), so batches, masks and noise
   are bit-identical to the per-client path's;
 - DP-SGD as Opacus' ``DPOptimizer`` does it: per-sample gradients (autograd through a ``vmap``
-  over per-sample copies of the weights), clip
+  over per-sample copies of the weights; a group of one by ``layer_grads``' rules), clip
   factor ``min(1, C / (||g_i|| + 1e-6))``, sum, add ``N(0, (zC)^2)``, divide by the expected
   batch size; an empty Poisson batch still takes a noise-only step;
 - SGD with momentum / weight decay as ``torch.optim.SGD``, FedProx's ``mu (w - w0)`` added after
