@@ -178,6 +178,27 @@ def main() -> int:
     gpu, gpu_ref, t_gpu, t_gpu_ref = run(dev, data, weights, dp, seed=3)
     timing = f"vectorized {dev} {t_gpu:.3f} s, per-client (Opacus) {dev} {t_gpu_ref:.3f} s"
     ok &= report(f"DP-SGD Poisson z=1: {dev} vs Opacus", gpu, gpu_ref, args.tol, timing)
+    # Groups of one (algorithms with their own client step) take the layer rules
+    # (training.layer_grads) for their per-sample gradients: against Opacus on the device.
+    vec = VectorizedTrainer(build_model("cnn", (1, 28, 28), 10), "classification", dev)
+    ref = LocalTrainer(build_model("cnn", (1, 28, 28), 10), "classification", dev)
+    ref.vectorize = False
+    few = range(min(4, len(data)))
+    ones, t_one = timed(
+        lambda: [vec.train_group([weights[i]], [data[i]], [dp], gens(1, 10 + i))[0] for i in few],
+        dev,
+    )
+    refs, t_ref = timed(
+        lambda: [ref.train(weights[i], *data[i], dp, gens(1, 10 + i)[0]) for i in few], dev
+    )
+    timing = f"layer rules {dev} {t_one:.3f} s, Opacus {dev} {t_ref:.3f} s ({len(few)} clients)"
+    ok &= report(
+        f"DP-SGD Poisson z=1, groups of one ({'layer rules' if vec._layer_grads else 'vmap'})",
+        torch.stack([r.update for r in ones]),
+        torch.stack([r.update for r in refs]),
+        args.tol,
+        timing,
+    )
     # Noise scale on the device: one full-batch step, lr 1: update(z) - update(0) ~ N(0, s^2)
     z, c = 2.0, 0.5
     full = TrainConfig(lr=1.0, batch_size=1, full_batch=True, dp_noise_multiplier=z, dp_clip=c)

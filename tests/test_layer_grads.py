@@ -74,6 +74,13 @@ CASES = {
         (1, 12, 12),
         5,
     ),
+    "vit_lora": (  # adapters on q and v (Linear on [B, T, d] inside attention), trained head
+        lambda: build_model(
+            "vit_lora", (1, 14, 14), 4, seed=1, base="random", train_head=True, dim=16, depth=2
+        ),
+        (1, 14, 14),
+        4,
+    ),
 }
 
 
@@ -83,7 +90,7 @@ def test_per_sample_gradients_match_vmap_grad(case, channels_last):
     build, shape, classes = CASES[case]
     torch.manual_seed(3)
     model = build()
-    if case == "cnn_lora":  # B = 0 at initialisation: give the adapters a gradient through B
+    if case.endswith("_lora"):  # B = 0 at initialisation: give the adapters a gradient through B
         with torch.no_grad():
             for p in model.parameters():
                 if p.requires_grad:
