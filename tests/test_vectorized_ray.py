@@ -28,13 +28,19 @@ def _run(tmp_path, name, **overrides):
 
 
 @pytest.mark.parametrize(
-    ("algorithm", "mode"), [("fedavg", "sample"), ("local", "none"), ("ifca", "sample")]
+    ("algorithm", "mode", "group"),
+    [
+        ("fedavg", "sample", 3),  # groups of 3, 3, 2 clients: padding and a short group
+        ("local", "none", 3),
+        ("ifca", "sample", 3),
+        ("fedavg", "sample", 1),  # groups of one: DP-SGD's per-sample gradients by layer rules
+    ],
 )
-def test_one_two_three_workers_identical(ray_session, tmp_path, algorithm, mode):
+def test_one_two_three_workers_identical(ray_session, tmp_path, algorithm, mode, group):
     common = {
         "algorithm.name": algorithm,
         "privacy.mode": mode,
-        "runtime.client_group_size": 3,  # groups of 3, 3, 2 clients: padding and a short group
+        "runtime.client_group_size": group,
         "training.sampling_rate": 0.9,
         "training.sampling": "without_replacement",
         "data.samples_per_client": 40,
