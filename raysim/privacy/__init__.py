@@ -30,20 +30,18 @@ _LAZY = {
     **dict.fromkeys(
         (
             "AccountantKind",
-            "BoundedRangeDpEvent",
             "central_event",
             "central_round_event",
             "d_privacy_leakage",
             "delta_for",
-            "dpsgd_event",
             "epsilon",
             "make_accountant",
             "neighboring_relation",
             "rdpcfl_phases",
-            "selection_event",
         ),
         "accounting",
     ),
+    **dict.fromkeys(("BoundedRangeDpEvent", "dpsgd_event", "selection_event"), "events"),
     **dict.fromkeys(
         (
             "CentralNoise",

@@ -20,10 +20,8 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from collections.abc import Sequence
 from typing import Literal
 
-import attr
 import dp_accounting as dpa
 import numpy as np
 from dp_accounting.pld import common as pld_common
@@ -32,7 +30,12 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from raysim.privacy.errors import PrivacyConfigError
+from raysim.privacy.events import BoundedRangeDpEvent, dpsgd_event, selection_event
+from raysim.privacy.events import gaussian as _gaussian
 from raysim.privacy.phase import Phase
+
+# BoundedRangeDpEvent, dpsgd_event and selection_event live in raysim.privacy.events (workers
+# build them without loading the accountants below); they are re-exported here.
 
 
 class _QuietNonConvergence(logging.Filter):
@@ -66,19 +69,6 @@ NeighborRel = dpa.NeighboringRelation
 
 # PLD discretization: 1e-4 is dp_accounting's default; errors stay pessimistic (upper bounds).
 PLD_DISCRETIZATION = 1e-4
-
-
-@attr.s(frozen=True, slots=True, auto_attribs=True)
-class BoundedRangeDpEvent(dpa.DpEvent):
-    """One run of the exponential mechanism with parameter ``epsilon`` (it is epsilon-BR).
-
-    RDP: epsilon-bounded-range implies (epsilon^2/8)-zCDP (Cesar and Rogers 2021), and pure
-    epsilon-DP caps every Renyi divergence at epsilon, so RDP(alpha) = min(alpha*eps^2/8, eps).
-    PLD: the dominating pair of pure epsilon-DP (randomized response), which is valid but ignores
-    the bounded-range refinement. A custom event because the stock ``ZCDpEvent`` has no PLD.
-    """
-
-    epsilon: float
 
 
 class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):
@@ -208,33 +198,6 @@ def delta_for(event: dpa.DpEvent, epsilon: float, accountant: AccountantKind = "
     return float(_accountant_for(event, accountant).get_delta(epsilon))
 
 
-def _gaussian(noise_multiplier: float) -> dpa.GaussianDpEvent:
-    if not noise_multiplier > 0:
-        raise PrivacyConfigError(f"noise multiplier must be > 0, got {noise_multiplier}")
-    return dpa.GaussianDpEvent(float(noise_multiplier))
-
-
-def dpsgd_event(phases: Sequence[Phase], noise_multiplier: float) -> dpa.DpEvent:
-    """Sample-level DP-SGD: each phase is ``steps`` Poisson-sampled Gaussian steps.
-
-    A phase at rate 1 (full batch, R-DPCFL round 1) is plain Gaussian steps: no amplification.
-    """
-    gaussian = _gaussian(noise_multiplier)
-    parts: list[dpa.DpEvent] = []
-    for phase in phases:
-        if phase.steps == 0:
-            continue
-        step = (
-            gaussian
-            if phase.sampling_rate == 1
-            else dpa.PoissonSampledDpEvent(float(phase.sampling_rate), gaussian)
-        )
-        parts.append(dpa.SelfComposedDpEvent(step, int(phase.steps)))
-    if not parts:
-        return dpa.NoOpDpEvent()
-    return parts[0] if len(parts) == 1 else dpa.ComposedDpEvent(parts)
-
-
 def rdpcfl_phases(
     dataset_size: int,
     batch_size: int,
@@ -256,17 +219,6 @@ def rdpcfl_phases(
     if not full_first_round:
         return [Phase(q, per_round * rounds)]
     return [Phase(1.0, local_epochs * min(rounds, 1)), Phase(q, per_round * max(rounds - 1, 0))]
-
-
-def selection_event(epsilon: float, count: int) -> dpa.DpEvent:
-    """``count`` exponential-mechanism selections at ``epsilon`` each (see BoundedRangeDpEvent)."""
-    if count < 0:
-        raise PrivacyConfigError(f"count must be >= 0, got {count}")
-    if count == 0:
-        return dpa.NoOpDpEvent()
-    if not epsilon > 0:
-        raise PrivacyConfigError(f"selection epsilon must be > 0, got {epsilon}")
-    return dpa.SelfComposedDpEvent(BoundedRangeDpEvent(float(epsilon)), int(count))
 
 
 def central_round_event(
