@@ -228,7 +228,8 @@ class VectorizedTrainer:
         return out, losses
 
     def _per_sample_grads(self, params, xb, yb, one: bool):
-        """Per-sample gradients [G, B, ...]: every sample gets its own (expanded) weights."""
+        """Per-sample gradients [G, B, ...]. A group of one by the layer rules where the model
+        allows; otherwise every sample gets its own (expanded) weights under vmap."""
         b = xb.shape[1]
         if one and self._layer_grads is not None:
             try:
