@@ -184,3 +184,35 @@ def test_images_are_stored_as_pixels_and_read_with_the_loaders_bits() -> None:
         )
     assert fd.table.column("x").type.value_type == pa.uint8()
     assert fd.nbytes < 0.4 * x.nbytes
+
+
+def test_population_views_are_read_only_and_follow_slices() -> None:
+    """The zero-copy numpy views of the Arrow columns (``_numpy_view``, which replaces pyarrow's
+    ``to_numpy`` to keep pandas out) start at an array's offset and cannot be written."""
+    import pyarrow as pa
+
+    from raysim.data.federated import _numpy_view, make_table
+
+    pixels = np.arange(6 * 4, dtype=np.uint8).reshape(6, 4)
+    table = make_table(pixels, np.arange(6) * 10, np.arange(6)).slice(2, 3)
+    x = _numpy_view(table.column("x").chunk(0).flatten())
+    y = _numpy_view(table.column("y").chunk(0))
+    np.testing.assert_array_equal(x, pixels[2:5].reshape(-1))
+    np.testing.assert_array_equal(y, [20, 30, 40])
+    assert not x.flags.writeable and not y.flags.writeable
+    with pytest.raises(TypeError, match="cannot be viewed"):
+        _numpy_view(pa.array([1, None, 3]))
+
+
+def test_base_data_decodes_image_rows_on_demand() -> None:
+    """An image dataset keeps its uint8 pixels; ``images(rows)`` and the whole ``x`` are the
+    codec's float32 decoding of them."""
+    from raysim.data.sources import PixelCodec
+
+    base = load_base("digits", None, 0, DataConfig())
+    assert base.features is None and base.pixels is not None
+    rows = np.array([5, 0, 17])
+    expected = PixelCodec("digits").decode(base.pixels[rows])
+    np.testing.assert_array_equal(base.images(rows), expected)
+    np.testing.assert_array_equal(base.x[rows], expected)
+    assert base.feature_shape == (1, 8, 8)

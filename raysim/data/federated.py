@@ -74,9 +74,9 @@ class FederatedDataset:
         self._attach_views()
 
     def _attach_views(self) -> None:
-        x = self.table.column("x").chunk(0).flatten().to_numpy(zero_copy_only=True)
+        x = _numpy_view(self.table.column("x").chunk(0).flatten())
         self._x = x.reshape(self.table.num_rows, *self.feature_shape)
-        self._y = self.table.column("y").chunk(0).to_numpy(zero_copy_only=True)
+        self._y = _numpy_view(self.table.column("y").chunk(0))
 
     # Pickle (and so ray.put) the table and metadata only; views are rebuilt on arrival.
     def __getstate__(self) -> dict[str, Any]:
@@ -184,14 +184,30 @@ def make_table(x: np.ndarray, y: np.ndarray, source_index: np.ndarray) -> pa.Tab
     pixels stay uint8, anything else becomes float32)."""
     dtype = np.uint8 if x.dtype == np.uint8 else np.float32
     flat = np.ascontiguousarray(x, dtype=dtype).reshape(len(x), -1)
-    xcol = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
-    return pa.table(
-        {
-            "x": xcol,
-            "y": pa.array(np.ascontiguousarray(y)),
-            "source_index": pa.array(np.asarray(source_index, dtype=np.int64)),
-        }
-    )
+    xcol = pa.FixedSizeListArray.from_arrays(_arrow(flat.reshape(-1)), flat.shape[1])
+    columns = [xcol, _arrow(y), _arrow(np.asarray(source_index, dtype=np.int64))]
+    return pa.Table.from_arrays(columns, names=["x", "y", "source_index"])
+
+
+def _numpy_view(array: pa.Array) -> np.ndarray:
+    """A read-only numpy view of a primitive Arrow array without nulls. Not ``to_numpy``: it
+    imports pandas (~0.4 CPU-s in every process that opens the population)."""
+    if array.null_count or not pa.types.is_primitive(array.type) or pa.types.is_boolean(array.type):
+        raise TypeError(f"population column of type {array.type} cannot be viewed without a copy")
+    dtype = np.dtype(array.type.to_pandas_dtype())
+    data = array.buffers()[1]
+    view = np.frombuffer(data, dtype, count=len(array), offset=array.offset * dtype.itemsize)
+    view.flags.writeable = False
+    return view
+
+
+def _arrow(values: np.ndarray) -> pa.Array:
+    """A 1-D numpy array as an Arrow array over the same buffer. Not ``pa.array``: its first
+    call imports pandas (~0.4 CPU-s in the start-up's serial part) to ask whether ``values``
+    is a pandas object."""
+    values = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("="))
+    kind = pa.from_numpy_dtype(values.dtype)
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
 
 
 def _allocate(cfg: DataConfig, base: BaseData, seed: int) -> np.ndarray:
@@ -250,7 +266,7 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
         list(allocation), cfg.train_fraction, rng_for(seed, "split")
     )
     # images travel as their uint8 pixels (rotated as they are), standardised when read
-    x = base.x[rows] if base.pixels is None else base.pixels[rows]
+    x = base.images(rows) if base.pixels is None else base.pixels[rows]
     y = base.y[rows]
     if base.task == "classification":
         apply_shift(x, y, np.repeat(clusters, np.diff(offsets)), cfg.shift, base.num_classes)
@@ -259,7 +275,7 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
         offsets=offsets,
         num_train=num_train,
         true_cluster=clusters,
-        feature_shape=base.x.shape[1:],
+        feature_shape=base.feature_shape,
         num_classes=base.num_classes,
         task=base.task,
         dataset=cfg.dataset,

@@ -48,4 +48,4 @@ def load_public_slice(
         raise ValueError("data.public_pretrain_samples: synthetic_linear has no public slice")
     base = load_base(dataset, root, 0, DataConfig(dataset=dataset))
     idx = public_indices(base, samples)
-    return base.x[idx].copy(), base.y[idx].copy()
+    return base.images(idx), base.y[idx].copy()
