@@ -105,6 +105,9 @@ def run_session(
         blob = resume
         done, rows = 0, []
         restarts = 0
+        pending = (
+            None  # the coordinator's next round, asked for before this one's files are written
+        )
         while True:
             try:
                 if coordinator is None:
@@ -123,9 +126,23 @@ def run_session(
                     done, rows = 0, []
                     if blob is not None:
                         done, rows = ray.get(coordinator.restore.remote(blob), timeout=timeout)
+                    pending = None
                 if done >= cfg.rounds:
                     break
-                row = ray.get(coordinator.step.remote(), timeout=timeout)
+                if pending is None:
+                    pending = coordinator.step.remote()
+                row = ray.get(pending, timeout=timeout)
+                pending = None
+                done += 1
+                rows.append(row)
+                every, last = rt.checkpoint_every, done == cfg.rounds or row.get("early_stopped")
+                snap = (
+                    coordinator.snapshot.remote() if every and (done % every == 0 or last) else None
+                )
+                if not last:  # the next round starts now; the actor runs the snapshot first
+                    pending = coordinator.step.remote()
+                if snap is not None:
+                    blob = ray.get(snap, timeout=timeout)
             except RayActorError as exc:
                 restarts += 1
                 if restarts > rt.max_coordinator_restarts:
@@ -133,18 +150,14 @@ def run_session(
                 log.warning("coordinator lost after round %d (%s): restarting", done, exc)
                 coordinator = None
                 continue
-            done += 1
-            rows.append(row)
-            every, last = rt.checkpoint_every, done == cfg.rounds or row.get("early_stopped")
-            if every and (done % every == 0 or last):
-                blob = ray.get(coordinator.snapshot.remote(), timeout=timeout)
-                if out_dir is not None:
-                    save_checkpoint(out_dir, blob)
+            # written while the next round runs: the workers do not wait for the driver's files
+            if snap is not None and out_dir is not None:
+                save_checkpoint(out_dir, blob)
             if out_dir is not None:
                 write_partial_metrics(out_dir, rows)
             if on_round:
                 on_round(row)
-            if row.get("early_stopped"):
+            if last:
                 break
         results = ray.get(coordinator.results.remote(), timeout=timeout)
         ray.get(coordinator.shutdown.remote(), timeout=timeout)
