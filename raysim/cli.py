@@ -38,12 +38,19 @@ def _prepare(cfg: ExperimentConfig):
 
 
 def _load_run_modules() -> None:
-    """What the driver runs with (Ray, the session, the result writers): ~0.4 s of imports,
-    loaded while the prepare child works."""
+    """What the driver runs with, loaded while the prepare child works (on two cores, on the
+    core it leaves idle): Ray, the session, the result writers (~0.4 s); pandas, which pyarrow
+    loads at the first metrics.parquet (~0.3 s, or the workers' CPU in round 2); matplotlib's
+    pyplot, which the plots need after the last round (~0.35 s of the run's serial tail)."""
+    import matplotlib
+    import pandas  # noqa: F401
     import tqdm  # noqa: F401
 
     import raysim.metrics.results  # noqa: F401
     import raysim.runtime.session  # noqa: F401
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
 
 
 def _progress(cfg: ExperimentConfig, label: str):
