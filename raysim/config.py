@@ -217,6 +217,10 @@ class RuntimeConfig(_Section):
     # Opacus/torch.optim path (the reference implementation).
     client_group_size: int | Literal["auto"] = "auto"
     vectorize: bool = True
+    # The coordinator's process trains one shard of clients itself (num_workers - 1 worker
+    # actors), where that is allowed: a trusted server, CPU only, shared workers, not in a Tune
+    # trial (runtime/coordinator.py). false: every shard on its own worker actor.
+    coordinator_trains: bool = True
     progress: bool = True
     round_timeout_s: float = Field(3600.0, gt=0)
     checkpoint_every: int = Field(1, ge=0)  # rounds between checkpoints; 0: none

@@ -48,6 +48,9 @@ def test_one_two_three_workers_identical(ray_session, tmp_path, algorithm, mode,
     }
     runs = [_run(tmp_path, f"w{w}", **common, **{"runtime.num_workers": w}) for w in (1, 2, 3)]
     assert runs[0].equals(runs[1]) and runs[0].equals(runs[2]), runs
+    # the coordinator trains shard 0 itself by default; every shard on its own actor instead:
+    apart = _run(tmp_path, "apart", **common, **{"runtime.coordinator_trains": False})
+    assert runs[0].equals(apart), (runs[0], apart)
     other = _run(tmp_path, "seed1", **common, seed=1)
     assert not runs[0].equals(other)
 

@@ -7,13 +7,14 @@ worker actors to run the clients on. The workers own the data and the arithmetic
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import ray
 
-from raysim.config import ExperimentConfig
+from raysim.config import ExperimentConfig, RuntimeConfig
 from raysim.runtime.pool import WorkerPool, balance_groups
 from raysim.runtime.sealed import opened
 from raysim.runtime.worker import ClientWorker
@@ -30,6 +31,24 @@ def worker_placement() -> dict[str, Any]:
     except Exception:  # outside Ray (unit tests)
         return {}
     return {"scheduling_strategy": "SPREAD"}
+
+
+def trains_in_coordinator(rt: RuntimeConfig, gpus: float, privacy_summary: dict[str, Any]) -> bool:
+    """Whether the coordinator's own process runs one shard of clients (and the pool one actor
+    fewer). The coordinator waits while the workers train, and it imports torch anyway: on two
+    cores, a third process importing torch and holding a model cost W ~1 s of start-up and
+    ~290 MiB (docs/speed.md). Only where the server is trusted with raw updates (an untrusted
+    server must never hold one in its process), on CPU (a GPU share is a worker's), with shared
+    workers (not one actor per client) and outside a Tune trial (whose bundles place the
+    workers)."""
+    if not rt.coordinator_trains or rt.actor_per_client or gpus > 0:
+        return False
+    if not privacy_summary.get("trusted_server", False):
+        return False
+    try:
+        return ray.util.get_current_placement_group() is None
+    except Exception:  # outside Ray (unit tests)
+        return True
 
 
 def worker_factory(
@@ -80,31 +99,50 @@ class Coordinator:
         true_clusters: np.ndarray,
         num_gpus_per_worker: float,
         workers: list[Any] | None = None,
+        trains: bool = False,
+        spec: Any = None,
     ) -> None:
         """`workers`: ClientWorker actors the driver already started (in parallel with this
-        actor, docs/speed.md); None: start them here. `algorithm` may be sealed."""
+        actor, docs/speed.md); None: start them here. `trains`: this process runs shard 0
+        itself (``trains_in_coordinator``). `algorithm` and the model `spec` (default:
+        ``model_spec(cfg)``) may be sealed."""
         from raysim.rounds import RoundLoop, group_size
 
-        algorithm = opened(algorithm)
+        sealed, algorithm = algorithm, opened(algorithm)
         self.cfg = cfg
         self.loop = RoundLoop(cfg, algorithm, true_clusters, self._execute)
         rt = cfg.runtime
-        make_worker = worker_factory(cfg, algorithm, dataset_box[0], num_gpus_per_worker)
+        if spec is None:
+            from raysim.models.spec import model_spec
+
+            spec = model_spec(cfg)
+        make_worker = worker_factory(cfg, algorithm, dataset_box[0], num_gpus_per_worker, spec)
         self.group_size = group_size(rt.client_group_size, num_gpus_per_worker)
         size = len(true_clusters) if rt.actor_per_client else rt.num_workers
-        self.pool = WorkerPool(make_worker, size, rt.round_timeout_s, workers)
+        local = None
+        if trains:  # its own copy of the algorithm: client code never shares the server's object
+            client_side = sealed if sealed is not algorithm else pickle.loads(pickle.dumps(sealed))
+            local = ClientWorker(
+                client_side,
+                dataset_box,
+                spec,
+                cfg.seed,
+                rt.threads_per_worker,
+                0.0,
+                rt.vectorize,
+            )
+        self.pool = WorkerPool(make_worker, size, rt.round_timeout_s, workers, local)
 
     def _execute(self, kind: str, round: int, models: list[Any], tasks: list[Any]) -> list[Any]:
         stacked = np.stack([m.numpy() for m in models]) if models else np.zeros((0, 0))
-        models_ref = ray.put(stacked)  # once per round, never per client
         if self.cfg.runtime.actor_per_client:  # each client pinned to its own actor
             shards = [(t.client_id, [[t]]) for t in tasks]
         else:
             from raysim.rounds import client_groups
 
             groups = client_groups(tasks, self.group_size)
-            shards = list(enumerate(balance_groups(groups, len(self.pool.workers))))
-        return self.pool.run(kind, round, models_ref, shards)
+            shards = list(enumerate(balance_groups(groups, self.pool.size)))
+        return self.pool.run(kind, round, stacked, shards)
 
     # -- API -----------------------------------------------------------------------------------
     def info(self) -> list[dict[str, Any]]:

@@ -1,13 +1,17 @@
 """A pool of ClientWorker actors: shards a round's tasks over it and survives lost workers.
 
 Shards are balanced largest-first (LPT). Which worker runs a client changes nothing in the
-result: every client draws from generators keyed by (seed, round, client, purpose).
+result: every client draws from generators keyed by (seed, round, client, purpose). The pool may
+also hold one ClientWorker in the coordinator's own process (``local``, shard 0): see
+``raysim.runtime.coordinator.trains_in_coordinator``.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+import os
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -38,14 +42,26 @@ class WorkerPool:
         size: int,
         timeout_s: float,
         workers: list[Any] | None = None,
+        local: Any = None,
     ) -> None:
+        """``size`` shards in all; with ``local`` (a ClientWorker in this process) it runs shard
+        0 and ``size - 1`` actors the others."""
         self._make = make_worker
-        self.workers = list(workers) if workers else [make_worker(i) for i in range(size)]
+        self.local = local
+        remote = size - (local is not None)
+        self.workers = list(workers) if workers else [make_worker(i) for i in range(remote)]
         self.timeout_s = timeout_s
         self.replaced = 0
 
+    @property
+    def size(self) -> int:
+        return len(self.workers) + (self.local is not None)
+
     def ready(self) -> list[dict[str, Any]]:
-        return ray.get([w.info.remote() for w in self.workers], timeout=self.timeout_s)
+        remote = ray.get([w.info.remote() for w in self.workers], timeout=self.timeout_s)
+        if self.local is None:
+            return remote
+        return [{**self.local.info(), "in_coordinator": True, "pid": os.getpid()}, *remote]
 
     def _replace(self, index: int) -> None:
         log.warning("worker %d lost: starting a replacement", index)
@@ -56,11 +72,15 @@ class WorkerPool:
         self.replaced += 1
 
     def run(
-        self, kind: str, round: int, models_ref: Any, shards: list[tuple[int, list[ClientTask]]]
+        self, kind: str, round: int, models: Any, shards: list[tuple[int, list[ClientTask]]]
     ) -> list[Any]:
-        """Run every (worker index, shard); a shard whose worker died is re-run on a replacement."""
+        """Run every (shard index, shard); a shard whose worker died is re-run on a replacement.
+        ``models``: the round's stacked broadcast (numpy), put in the object store once."""
         results: list[list[Any] | None] = [None] * len(shards)
         pending: dict[Any, tuple[int, int, Any]] = {}
+        first = 1 if self.local is not None else 0  # shard index of self.workers[0]
+        remote = [i for i, (index, _) in enumerate(shards) if index >= first]
+        models_ref = ray.put(models) if remote else None  # once per round, never per client
 
         def submit(shard: int, worker: int) -> None:
             handle = self.workers[worker]
@@ -70,8 +90,12 @@ class WorkerPool:
                 handle,
             )
 
-        for i, (worker, _) in enumerate(shards):
-            submit(i, worker)
+        for i in remote:
+            submit(i, shards[i][0] - first)
+        for i, (index, groups) in enumerate(shards):
+            if index < first:  # while the actors work; a copy, as an actor's reply would be
+                out = self.local.run(kind, round, models, groups)
+                results[i] = pickle.loads(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
         attempts = 0
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout_s)

@@ -19,7 +19,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raysim.config import RuntimeConfig
 from raysim.runtime.checkpoint import save_checkpoint, write_partial_metrics
-from raysim.runtime.coordinator import Coordinator, worker_factory
+from raysim.runtime.coordinator import Coordinator, trains_in_coordinator, worker_factory
 from raysim.runtime.local_ray import start_local_ray
 from raysim.runtime.resources import check_cluster
 
@@ -49,28 +49,31 @@ def gpus_per_worker(rt: RuntimeConfig, cluster_gpus: float) -> float:
     return float(rt.gpus_per_worker)
 
 
-def _start_workers(prep: Any, data_ref: Any, gpus: float) -> list[Any]:
+def _start_workers(prep: Any, data_ref: Any, gpus: float, trains: bool) -> list[Any]:
     """The ClientWorker actors, started by the driver so that they import torch and build their
-    model while the coordinator actor starts (not after it, as when it starts them)."""
+    model while the coordinator actor starts (not after it, as when it starts them); one fewer
+    where the coordinator ``trains`` a shard itself."""
     rt = prep.cfg.runtime
     size = len(prep.truth) if rt.actor_per_client else rt.num_workers
     make = worker_factory(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec)
-    return [make(i) for i in range(size)]
+    return [make(i) for i in range(size - trains)]
 
 
 def _start_coordinator(
-    prep: Any, data_ref: Any, gpus: float, workers: list[Any] | None = None
+    prep: Any, data_ref: Any, gpus: float, workers: list[Any] | None, trains: bool
 ) -> Any:
     """The coordinator stays next to the driver (the head on a cluster) unless a Tune trial's
-    placement group decides: a worker node that goes away then never takes it along."""
-    opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1}
+    placement group decides: a worker node that goes away then never takes it along. Where it
+    ``trains`` a shard, it holds a worker's CPUs."""
+    cpus = prep.cfg.runtime.cpus_per_worker if trains else 0
+    opts: dict[str, Any] = {"num_cpus": cpus, "max_concurrency": 1}
     if ray.util.get_current_placement_group() is None:
         here = ray.get_runtime_context().get_node_id()
         opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=True)
     return (
         ray.remote(Coordinator)
         .options(**opts)
-        .remote(prep.cfg, prep.algorithm, [data_ref], prep.truth, gpus, workers)
+        .remote(prep.cfg, prep.algorithm, [data_ref], prep.truth, gpus, workers, trains, prep.spec)
     )
 
 
@@ -97,6 +100,7 @@ def run_session(
             gpus = gpus_per_worker(rt, ray.cluster_resources().get("GPU", 0.0))
         if ray.util.get_current_placement_group() is None:  # a Tune trial's bundles are checked
             check_cluster(rt, gpus)  # by the sweep; a request that can never be met stops here
+        trains = trains_in_coordinator(rt, gpus, prep.privacy_summary)
         data_ref = ray.put(prep.dataset)  # once: workers read it zero-copy
         # The driver keeps no second copy: from here on it reads the object store too (the copy
         # prepare built is freed); a private copy comes back when the run ends (below).
@@ -115,12 +119,14 @@ def run_session(
                         "start-up: data in the object store at %.2f s", time.perf_counter() - t0
                     )
                     if not restarts:  # workers from the driver, in parallel with the coordinator
-                        early_workers = _start_workers(prep, data_ref, gpus)
+                        early_workers = _start_workers(prep, data_ref, gpus, trains)
                     else:  # a lost coordinator's workers go; the new one starts its own
                         for w in early_workers:
                             ray.kill(w)
                         early_workers = []
-                    coordinator = _start_coordinator(prep, data_ref, gpus, early_workers or None)
+                    coordinator = _start_coordinator(
+                        prep, data_ref, gpus, early_workers or None, trains
+                    )
                     workers = ray.get(coordinator.info.remote(), timeout=timeout)
                     log.info("start-up: workers ready at %.2f s", time.perf_counter() - t0)
                     done, rows = 0, []
