@@ -39,7 +39,8 @@ def _prepare(cfg: ExperimentConfig):
 
 def _load_run_modules() -> None:
     """What the driver runs with, loaded while the prepare child works (on two cores, on the
-    core it leaves idle): Ray, the session, the result writers (~0.4 s); pandas, which pyarrow
+    core it leaves idle): Ray, the session, the result writers (~0.4 s); the dashboard's packages,
+    which a local ``ray.init`` imports to see if they are installed (~0.3 s); pandas, which pyarrow
     loads at the first metrics.parquet (~0.3 s, or the workers' CPU in round 2); matplotlib's
     pyplot, which the plots need after the last round (~0.35 s of the run's serial tail)."""
     import matplotlib
@@ -51,6 +52,11 @@ def _load_run_modules() -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401
+
+    try:  # what ray.init imports to learn whether the dashboard's packages are there (~0.3 s)
+        import ray.dashboard.optional_deps  # noqa: F401
+    except ImportError:
+        pass
 
 
 def _progress(cfg: ExperimentConfig, label: str):
