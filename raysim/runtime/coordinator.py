@@ -15,7 +15,7 @@ import numpy as np
 import ray
 
 from raysim.config import ExperimentConfig, RuntimeConfig
-from raysim.runtime.pool import WorkerPool, balance_groups
+from raysim.runtime.pool import WorkerPool
 from raysim.runtime.sealed import opened
 from raysim.runtime.worker import ClientWorker
 
@@ -137,12 +137,10 @@ class Coordinator:
         stacked = np.stack([m.numpy() for m in models]) if models else np.zeros((0, 0))
         if self.cfg.runtime.actor_per_client:  # each client pinned to its own actor
             shards = [(t.client_id, [[t]]) for t in tasks]
-        else:
-            from raysim.rounds import client_groups
+            return self.pool.run_pinned(kind, round, stacked, shards)
+        from raysim.rounds import client_groups
 
-            groups = client_groups(tasks, self.group_size)
-            shards = list(enumerate(balance_groups(groups, self.pool.size)))
-        return self.pool.run(kind, round, stacked, shards)
+        return self.pool.run(kind, round, stacked, client_groups(tasks, self.group_size))
 
     # -- API -----------------------------------------------------------------------------------
     def info(self) -> list[dict[str, Any]]:

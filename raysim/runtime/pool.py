@@ -1,8 +1,10 @@
-"""A pool of ClientWorker actors: shards a round's tasks over it and survives lost workers.
+"""A pool of ClientWorker actors: runs a round's groups of clients on it and survives lost
+workers.
 
-Shards are balanced largest-first (LPT). Which worker runs a client changes nothing in the
-result: every client draws from generators keyed by (seed, round, client, purpose). The pool may
-also hold one ClientWorker in the coordinator's own process (``local``, shard 0): see
+The groups go out in pieces balanced largest-first (LPT), to whichever worker is free. Which
+worker runs a client changes nothing in the result: every client draws from generators keyed by
+(seed, round, client, purpose), and the groups are fixed before the pool sees them. The pool may
+also hold one ClientWorker in the coordinator's own process (``local``): see
 ``raysim.runtime.coordinator.trains_in_coordinator``.
 """
 
@@ -12,6 +14,7 @@ import heapq
 import logging
 import os
 import pickle
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +24,11 @@ from ray.exceptions import RayActorError, WorkerCrashedError
 from raysim.protocol import ClientTask
 
 log = logging.getLogger(__name__)
+
+# A round's groups go out in this many pieces per worker, to whichever worker is free; each
+# actor holds IN_FLIGHT of them, so it never waits for the coordinator between two pieces.
+CHUNKS_PER_WORKER = 8
+IN_FLIGHT = 2
 
 
 def balance_groups(groups: list[list[ClientTask]], num_shards: int) -> list[list[list[ClientTask]]]:
@@ -71,16 +79,69 @@ class WorkerPool:
         self.workers[index] = self._make(index)
         self.replaced += 1
 
-    def run(
+    def run(self, kind: str, round: int, models: Any, groups: list[list[ClientTask]]) -> list[Any]:
+        """Run every group. The groups go out in ``CHUNKS_PER_WORKER`` pieces per worker, largest
+        first, to whichever worker is free (each actor has two in flight; the coordinator's own
+        worker takes the next piece whenever it finishes one), so a worker slowed down by the
+        machine takes fewer pieces and the round's workers finish within about one piece of
+        each other. A piece whose worker died is re-run on a replacement. ``models``: the
+        round's stacked broadcast (numpy), put in the object store once."""
+        pieces = balance_groups(groups, self.size * CHUNKS_PER_WORKER)
+        pieces.sort(key=lambda p: (-sum(t.weight for g in p for t in g), p[0][0].client_id))
+        results: list[list[Any] | None] = [None] * len(pieces)
+        queue = deque(range(len(pieces)))
+        pending: dict[Any, tuple[int, int, Any]] = {}
+        models_ref = ray.put(models) if self.workers else None  # once per round, not per client
+        attempts = 0
+
+        def top_up() -> None:
+            for w, handle in enumerate(self.workers):
+                busy = sum(1 for _, worker, _ in pending.values() if worker == w)
+                for _ in range(IN_FLIGHT - busy):
+                    if not queue:
+                        return
+                    i = queue.popleft()
+                    pending[handle.run.remote(kind, round, models_ref, pieces[i])] = (i, w, handle)
+
+        def harvest(block: bool) -> None:
+            """Collect the pieces the actors have finished; ``block``: wait for one first."""
+            nonlocal attempts
+            if block and not ray.wait(list(pending), num_returns=1, timeout=self.timeout_s)[0]:
+                raise TimeoutError(f"round {round}: no clients finished in {self.timeout_s} s")
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+            for ref in ready:
+                i, worker, handle = pending.pop(ref)
+                try:
+                    results[i] = ray.get(ref)
+                except (RayActorError, WorkerCrashedError):
+                    attempts += 1
+                    if attempts > 3 * len(pieces):
+                        raise
+                    if self.workers[worker] is handle:  # not yet replaced for another piece
+                        self._replace(worker)
+                    queue.appendleft(i)
+
+        top_up()
+        while queue or pending:
+            if self.local is not None and queue:  # a copy, as an actor's reply would be
+                i = queue.popleft()
+                out = self.local.run(kind, round, models, pieces[i])
+                results[i] = pickle.loads(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
+                if pending:
+                    harvest(block=False)
+            else:
+                harvest(block=True)
+            top_up()
+        return [r for piece in results for r in piece]  # type: ignore[union-attr]
+
+    def run_pinned(
         self, kind: str, round: int, models: Any, shards: list[tuple[int, list[ClientTask]]]
     ) -> list[Any]:
-        """Run every (shard index, shard); a shard whose worker died is re-run on a replacement.
-        ``models``: the round's stacked broadcast (numpy), put in the object store once."""
+        """Run each (worker index, groups) on that worker actor (one actor per client); a shard
+        whose worker died is re-run on a replacement."""
         results: list[list[Any] | None] = [None] * len(shards)
         pending: dict[Any, tuple[int, int, Any]] = {}
-        first = 1 if self.local is not None else 0  # shard index of self.workers[0]
-        remote = [i for i, (index, _) in enumerate(shards) if index >= first]
-        models_ref = ray.put(models) if remote else None  # once per round, never per client
+        models_ref = ray.put(models)
 
         def submit(shard: int, worker: int) -> None:
             handle = self.workers[worker]
@@ -90,12 +151,8 @@ class WorkerPool:
                 handle,
             )
 
-        for i in remote:
-            submit(i, shards[i][0] - first)
-        for i, (index, groups) in enumerate(shards):
-            if index < first:  # while the actors work; a copy, as an actor's reply would be
-                out = self.local.run(kind, round, models, groups)
-                results[i] = pickle.loads(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
+        for i, (worker, _) in enumerate(shards):
+            submit(i, worker)
         attempts = 0
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout_s)
