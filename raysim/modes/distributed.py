@@ -112,10 +112,14 @@ class Distributed(PrivacyMode):
         if p.noise_multiplier is not None:
             z = p.noise_multiplier
             event = self.noise_cohort.event(releases, z)
-            import dp_accounting as dpa  # loads on first use (raysim/privacy/__init__.py)
 
-            total = event if fixed is None else dpa.ComposedDpEvent([fixed, event])
-            refuse_over_budget(privacy_lib.epsilon(total, p.delta, p.accountant), p)
+            def planned() -> float:
+                import dp_accounting as dpa  # loads on first use (raysim/privacy/__init__.py)
+
+                total = event if fixed is None else dpa.ComposedDpEvent([fixed, event])
+                return privacy_lib.epsilon(total, p.delta, p.accountant)
+
+            refuse_over_budget(planned, p)
         else:
             z = self.noise_cohort.calibrate(releases, p.epsilon, p.delta, p.accountant, fixed=fixed)
         return SecurePlan(z, releases, local)

@@ -10,7 +10,7 @@ a run without DP never needs. The mechanisms and the release types load at once.
 from importlib import import_module
 from typing import Any
 
-from raysim.privacy.errors import BudgetError, PrivacyConfigError
+from raysim.privacy.errors import BudgetError, PrivacyConfigError, check_sample_level_delta
 from raysim.privacy.mechanisms import (
     SKETCH_DIM,
     clip_l2,
@@ -48,7 +48,6 @@ _LAZY = {
             "calibrate_central",
             "calibrate_dpsgd",
             "calibrate_noise",
-            "check_sample_level_delta",
         ),
         "calibration",
     ),

@@ -22,7 +22,7 @@ from raysim.privacy.accounting import (
     epsilon,
     selection_event,
 )
-from raysim.privacy.errors import BudgetError, PrivacyConfigError
+from raysim.privacy.errors import BudgetError, PrivacyConfigError, check_sample_level_delta
 
 __all__ = [
     "CentralNoise",
@@ -181,17 +181,3 @@ def calibrate_central(
 
     z = calibrate_noise(make_event, target_epsilon, delta, accountant, rel_tol)
     return CentralNoise(model=z, identifier=None if id_noise_ratio is None else id_noise_ratio * z)
-
-
-def check_sample_level_delta(delta: float, smallest_client_dataset: int) -> None:
-    """Refuse a sample-level delta >= 1/n: it would allow leaking a whole record of some client."""
-    if smallest_client_dataset < 1:
-        raise PrivacyConfigError(
-            f"smallest client dataset must have >= 1 sample, got {smallest_client_dataset}"
-        )
-    bound = 1.0 / smallest_client_dataset
-    if not 0 < delta < bound:
-        raise PrivacyConfigError(
-            f"privacy.delta={delta:g} must be in (0, 1/n) = (0, {bound:.3g}) where n="
-            f"{smallest_client_dataset} is the smallest client dataset; lower privacy.delta"
-        )
