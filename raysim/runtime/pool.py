@@ -83,6 +83,19 @@ class WorkerPool:
         self.workers[index] = self._make(index)
         self.replaced += 1
 
+    def _reply(self, ref: Any, worker: int, handle: Any, lost: int, limit: int) -> list[Any] | None:
+        """A finished call's reply, or None when its worker died: the worker is replaced (unless
+        another of its calls already had it replaced). ``lost`` calls so far; at ``limit``, the
+        worker's error is raised instead."""
+        try:
+            return ray.get(ref)
+        except (RayActorError, WorkerCrashedError):
+            if lost >= limit:
+                raise
+            if self.workers[worker] is handle:
+                self._replace(worker)
+            return None
+
     def run(self, kind: str, round: int, models: Any, groups: list[list[ClientTask]]) -> list[Any]:
         """Run every group. The groups go out in pieces (up to ``CHUNKS_PER_WORKER`` per worker),
         largest first, to whichever worker is free (an actor holds two while enough are left;
@@ -116,14 +129,9 @@ class WorkerPool:
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
             for ref in ready:
                 i, worker, handle = pending.pop(ref)
-                try:
-                    results[i] = ray.get(ref)
-                except (RayActorError, WorkerCrashedError):
+                results[i] = self._reply(ref, worker, handle, attempts, 3 * len(pieces))
+                if results[i] is None:  # its worker died: the piece goes again, first
                     attempts += 1
-                    if attempts > 3 * len(pieces):
-                        raise
-                    if self.workers[worker] is handle:  # not yet replaced for another piece
-                        self._replace(worker)
                     queue.appendleft(i)
 
         top_up()
@@ -165,14 +173,9 @@ class WorkerPool:
                 raise TimeoutError(f"round {round}: no shard finished in {self.timeout_s} s")
             ref = ready[0]
             shard, worker, handle = pending.pop(ref)
-            try:
-                results[shard] = ray.get(ref)
-            except (RayActorError, WorkerCrashedError):
+            results[shard] = self._reply(ref, worker, handle, attempts, 3 * len(shards))
+            if results[shard] is None:
                 attempts += 1
-                if attempts > 3 * len(shards):
-                    raise
-                if self.workers[worker] is handle:  # not yet replaced for another of its shards
-                    self._replace(worker)
                 submit(shard, worker)
         return [r for shard in results for r in shard]  # type: ignore[union-attr]
 
