@@ -55,6 +55,9 @@ def test_ctrl_c_exits_130_without_traceback_and_marks_the_run(tmp_path):
         text=True,
         env=env,
         cwd=tmp_path,
+        # A suite started in the background (`pytest ... &` from a script) has SIGINT ignored,
+        # and a child inherits that: Python then never installs its Ctrl-C handler.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     metrics = tmp_path / "run.incomplete" / "metrics.parquet"
     deadline = time.monotonic() + 240
