@@ -217,7 +217,7 @@ class RuntimeConfig(_Section):
     # Opacus/torch.optim path (the reference implementation).
     client_group_size: int | Literal["auto"] = "auto"
     vectorize: bool = True
-    # The coordinator's process trains one shard of clients itself (num_workers - 1 worker
+    # The coordinator's process trains clients itself, as one of num_workers (num_workers - 1 worker
     # actors), where that is allowed: a trusted server, CPU only, shared workers, not in a Tune
     # trial (runtime/coordinator.py). false: every shard on its own worker actor.
     coordinator_trains: bool = True

@@ -31,9 +31,9 @@ from raysim.privacy.metric_ledger import MetricLedger
 from raysim.protocol import ClientTask, EvalReport, RoundPlan
 from raysim.seeding import SERVER, numpy_rng
 
-# The ledger's accountant, loaded in the background while round 1 trains (one thread a process)
+# The ledger's accountant, loaded in the background while round 1 trains (once a process)
 ACCOUNTING = "raysim.privacy.accounting"
-_background_imports: dict[str, threading.Thread] = {}
+_accountant_loading = threading.Event()
 
 # execute(kind, round, models, tasks) -> one report per task ("train" or "evaluate")
 Execute = Callable[[str, int, list[torch.Tensor], list[ClientTask]], list[Any]]
@@ -160,11 +160,11 @@ class RoundLoop:
         charge nothing (none) or charge their own ledger (dprivacy)."""
         if self.cfg.privacy.mode in ("none", "dprivacy") or ACCOUNTING in sys.modules:
             return
-        if not _background_imports.get(ACCOUNTING):
-            thread = threading.Thread(target=importlib.import_module, args=(ACCOUNTING,))
-            thread.daemon = True
-            thread.start()
-            _background_imports[ACCOUNTING] = thread
+        if not _accountant_loading.is_set():
+            _accountant_loading.set()
+            threading.Thread(
+                target=importlib.import_module, args=(ACCOUNTING,), daemon=True
+            ).start()
 
     def _no_improvement(self, loss: float) -> bool:
         """``training.early_stop_patience`` evaluations without a lower mean test loss."""

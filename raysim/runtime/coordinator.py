@@ -34,7 +34,7 @@ def worker_placement() -> dict[str, Any]:
 
 
 def trains_in_coordinator(rt: RuntimeConfig, gpus: float, privacy_summary: dict[str, Any]) -> bool:
-    """Whether the coordinator's own process runs one shard of clients (and the pool one actor
+    """Whether the coordinator's own process trains clients too (and the pool has one actor
     fewer). The coordinator waits while the workers train, and it imports torch anyway: on two
     cores, a third process importing torch and holding a model cost W ~1 s of start-up and
     ~290 MiB (docs/speed.md). Only where the server is trusted with raw updates (an untrusted
@@ -103,8 +103,8 @@ class Coordinator:
         spec: Any = None,
     ) -> None:
         """`workers`: ClientWorker actors the driver already started (in parallel with this
-        actor, docs/speed.md); None: start them here. `trains`: this process runs shard 0
-        itself (``trains_in_coordinator``). `algorithm` and the model `spec` (default:
+        actor, docs/speed.md); None: start them here. `trains`: this process trains pieces of
+        each round too (``trains_in_coordinator``). `algorithm` and the model `spec` (default:
         ``model_spec(cfg)``) may be sealed."""
         from raysim.rounds import RoundLoop, group_size
 

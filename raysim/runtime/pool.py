@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import os
 import pickle
 from collections import deque
 from collections.abc import Callable
@@ -56,8 +55,8 @@ class WorkerPool:
         workers: list[Any] | None = None,
         local: Any = None,
     ) -> None:
-        """``size`` shards in all; with ``local`` (a ClientWorker in this process) it runs shard
-        0 and ``size - 1`` actors the others."""
+        """``size`` workers in all: with ``local`` (a ClientWorker in this process), that one and
+        ``size - 1`` actors."""
         self._make = make_worker
         self.local = local
         remote = size - (local is not None)
@@ -73,7 +72,7 @@ class WorkerPool:
         remote = ray.get([w.info.remote() for w in self.workers], timeout=self.timeout_s)
         if self.local is None:
             return remote
-        return [{**self.local.info(), "in_coordinator": True, "pid": os.getpid()}, *remote]
+        return [{**self.local.info(), "in_coordinator": True}, *remote]
 
     def _replace(self, index: int) -> None:
         log.warning("worker %d lost: starting a replacement", index)

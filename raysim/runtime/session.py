@@ -52,7 +52,7 @@ def gpus_per_worker(rt: RuntimeConfig, cluster_gpus: float) -> float:
 def _start_workers(prep: Any, data_ref: Any, gpus: float, trains: bool) -> list[Any]:
     """The ClientWorker actors, started by the driver so that they import torch and build their
     model while the coordinator actor starts (not after it, as when it starts them); one fewer
-    where the coordinator ``trains`` a shard itself."""
+    where the coordinator ``trains`` clients itself."""
     rt = prep.cfg.runtime
     size = len(prep.truth) if rt.actor_per_client else rt.num_workers
     make = worker_factory(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec)
@@ -64,7 +64,7 @@ def _start_coordinator(
 ) -> Any:
     """The coordinator stays next to the driver (the head on a cluster) unless a Tune trial's
     placement group decides: a worker node that goes away then never takes it along. Where it
-    ``trains`` a shard, it holds a worker's CPUs."""
+    ``trains`` clients, it holds a worker's CPUs."""
     cpus = prep.cfg.runtime.cpus_per_worker if trains else 0
     opts: dict[str, Any] = {"num_cpus": cpus, "max_concurrency": 1}
     if ray.util.get_current_placement_group() is None:
@@ -109,9 +109,8 @@ def run_session(
         blob = resume
         done, rows = 0, []
         restarts = 0
-        pending = (
-            None  # the coordinator's next round, asked for before this one's files are written
-        )
+        # the coordinator's next round, asked for before this one's files are written
+        pending = None
         while True:
             try:
                 if coordinator is None:
