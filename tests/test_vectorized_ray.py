@@ -13,7 +13,7 @@ from raysim.config import load_config
 from raysim.experiment import prepare, run_prepared
 from raysim.protocol import ClientTask
 from raysim.rounds import client_groups
-from raysim.runtime.pool import balance_groups
+from raysim.runtime.pool import MIN_PIECE_WEIGHT, cut_pieces
 
 
 def _run(tmp_path, name, **overrides):
@@ -55,13 +55,28 @@ def test_one_two_three_workers_identical(ray_session, tmp_path, algorithm, mode,
     assert not runs[0].equals(other)
 
 
-def test_groups_are_cut_from_client_ids_and_shards_keep_them_whole():
+def test_groups_are_cut_from_client_ids_and_pieces_keep_them_whole():
     tasks = [ClientTask(c, weight=w) for c, w in zip([7, 2, 9, 4, 1], [5, 1, 1, 8, 2], strict=True)]
     groups = client_groups(tasks, 2)
     assert [[t.client_id for t in g] for g in groups] == [[1, 2], [4, 7], [9]]
     for n in (1, 2, 3):
-        shards = balance_groups(groups, n)
-        got = sorted(tuple(t.client_id for t in g) for s in shards for g in s)
+        pieces = cut_pieces(groups, n)
+        got = sorted(tuple(t.client_id for t in g) for p in pieces for g in p)
         assert got == [(1, 2), (4, 7), (9,)]
-    loads = sorted(sum(t.weight for g in s for t in g) for s in balance_groups(groups, 2))
-    assert loads == [4, 13]
+    ids = [[t.client_id for g in p for t in g] for p in cut_pieces(groups, 2)]
+    assert ids == [[4, 7], [1, 2, 9]]
+    # a round lighter than the floor (unit weights) still splits between the workers
+    light = [[ClientTask(c)] for c in range(6)]
+    assert [len(p) for p in cut_pieces(light, 3)] == [2, 2, 2]
+
+
+def test_pieces_shrink_to_the_floor_as_the_round_goes_on():
+    """A W round: 100 clients of 60 samples on 2 workers. Each piece is 1/4 of what is left
+    (rounded up to whole clients), down to the floor, so the round ends on small pieces."""
+    groups = [[ClientTask(c, weight=60)] for c in range(100)]
+    sizes = [sum(t.weight for g in p for t in g) // 60 for p in cut_pieces(groups, 2)]
+    assert sizes == [25, 19, 14, 11, 8, 6, 5, 3, 3, 3, 3]
+    assert sum(sizes) == 100
+    # never a piece below the floor but the last one
+    pieces = cut_pieces([[ClientTask(c, weight=6)] for c in range(100)], 2)
+    assert all(sum(t.weight for g in p for t in g) >= MIN_PIECE_WEIGHT for p in pieces[:-1])

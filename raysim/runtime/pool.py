@@ -10,7 +10,6 @@ also hold one ClientWorker in the coordinator's own process (``local``): see
 
 from __future__ import annotations
 
-import heapq
 import logging
 import pickle
 from collections import deque
@@ -24,26 +23,43 @@ from raysim.protocol import ClientTask
 
 log = logging.getLogger(__name__)
 
-# A round's groups go out in up to CHUNKS_PER_WORKER pieces per worker, to whichever worker is
-# free, each piece holding at least MIN_PIECE_WEIGHT training samples (every piece costs a call
-# and a reply: on 10,000 clients of 6 images, 16 pieces a round were slower than 4). An actor
-# holds IN_FLIGHT pieces while enough are left for everyone, so it does not wait for the
-# coordinator between two.
-CHUNKS_PER_WORKER = 8
+# A round's groups go out in pieces to whichever worker is free, largest first. The pieces shrink
+# as the round goes on (guided self-scheduling): each holds 1/(GUIDE x workers) of the training
+# samples not yet handed out, so the round ends on small pieces and its workers finish within one
+# small piece of each other. Equal pieces of 1/8 of a worker's share left one worker idle for up
+# to ~15% of a W round. Every piece costs a call and a reply (on 10,000 clients of 6 images, 16
+# pieces a round were slower than 4), hence a floor of MIN_PIECE_WEIGHT samples. An actor holds
+# IN_FLIGHT pieces while enough are left for everyone, so it does not wait for the coordinator
+# between two.
+GUIDE = 2
 MIN_PIECE_WEIGHT = 128
 IN_FLIGHT = 2
 
 
-def balance_groups(groups: list[list[ClientTask]], num_shards: int) -> list[list[list[ClientTask]]]:
-    """Shards made of whole groups, balanced largest-first (LPT) on the groups' total weight."""
-    shards: list[list[list[ClientTask]]] = [[] for _ in range(num_shards)]
-    heap = [(0, i) for i in range(num_shards)]
+def cut_pieces(groups: list[list[ClientTask]], workers: int) -> list[list[list[ClientTask]]]:
+    """Whole groups in pieces of decreasing weight, largest groups first: each piece holds at
+    least 1/(GUIDE x workers) of the weight left and MIN_PIECE_WEIGHT, or 1/workers of the round
+    where that is less, so a light round (unit weights, a few tiny clients) still splits between
+    the workers."""
     weight = [sum(t.weight for t in g) for g in groups]
-    for j in sorted(range(len(groups)), key=lambda j: (-weight[j], groups[j][0].client_id)):
-        load, i = heapq.heappop(heap)
-        shards[i].append(groups[j])
-        heapq.heappush(heap, (load + weight[j], i))
-    return [s for s in shards if s]
+    order = sorted(range(len(groups)), key=lambda j: (-weight[j], groups[j][0].client_id))
+    left = sum(weight)
+    floor = min(MIN_PIECE_WEIGHT, left / workers)
+    pieces: list[list[list[ClientTask]]] = []
+    piece: list[list[ClientTask]] = []
+    load = 0
+    for j in order:
+        if not piece:
+            target = max(floor, left / (GUIDE * workers))
+        piece.append(groups[j])
+        load += weight[j]
+        if load >= target:
+            pieces.append(piece)
+            left -= load
+            piece, load = [], 0
+    if piece:
+        pieces.append(piece)
+    return pieces
 
 
 class WorkerPool:
@@ -96,16 +112,13 @@ class WorkerPool:
             return None
 
     def run(self, kind: str, round: int, models: Any, groups: list[list[ClientTask]]) -> list[Any]:
-        """Run every group. The groups go out in pieces (up to ``CHUNKS_PER_WORKER`` per worker),
-        largest first, to whichever worker is free (an actor holds two while enough are left;
-        the coordinator's own worker takes the next piece whenever it finishes one), so a worker
-        slowed down by the machine takes fewer pieces and the round's workers finish within
-        about one piece of each other. A piece whose worker died is re-run on a replacement.
+        """Run every group. The groups go out in pieces of decreasing size (``cut_pieces``) to
+        whichever worker is free (an actor holds two while enough are left; the coordinator's own
+        worker takes the next piece whenever it finishes one), so a worker slowed down by the
+        machine takes fewer pieces and the round's workers finish within about one small piece
+        of each other. A piece whose worker died is re-run on a replacement.
         ``models``: the round's stacked broadcast (numpy), put in the object store once."""
-        weight = sum(t.weight for g in groups for t in g)
-        count = min(self.size * CHUNKS_PER_WORKER, weight // MIN_PIECE_WEIGHT)
-        pieces = balance_groups(groups, max(self.size, count))
-        pieces.sort(key=lambda p: (-sum(t.weight for g in p for t in g), p[0][0].client_id))
+        pieces = cut_pieces(groups, self.size)
         results: list[list[Any] | None] = [None] * len(pieces)
         queue = deque(range(len(pieces)))
         pending: dict[Any, tuple[int, int, Any]] = {}
