@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 import struct
 from pathlib import Path
@@ -68,6 +69,40 @@ def test_read_idx_rejects_garbage(tmp_path: Path) -> None:
     (tmp_path / "bad").write_bytes(b"hello world")
     with pytest.raises(ValueError, match="not an IDX"):
         read_idx(tmp_path / "bad")
+
+
+def test_gzip_files_are_decompressed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decompressed copy is read back instead of inflating again; a copy whose length does
+    not match the gzip trailer, or one of an older version of the file, is not used."""
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(sources, "UNZIPPED_DIR", str(cache))
+    monkeypatch.setattr(sources, "UNZIP_CACHE_MIN_BYTES", 0)
+    ims, _ = make_idx_dir(tmp_path, compress=True)
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    first = read_idx(path)
+    (copy,) = cache.iterdir()
+    np.testing.assert_array_equal(first, ims[:5])
+
+    def no_inflating(data: bytes) -> bytes:
+        raise AssertionError("decompressed again")
+
+    monkeypatch.setattr(sources.gzip, "decompress", no_inflating)
+    np.testing.assert_array_equal(read_idx(path), ims[:5])  # from the copy
+
+    copy.write_bytes(copy.read_bytes()[:-1])  # a damaged copy is not used
+    monkeypatch.undo()
+    monkeypatch.setattr(sources, "UNZIPPED_DIR", str(cache))
+    monkeypatch.setattr(sources, "UNZIP_CACHE_MIN_BYTES", 0)
+    np.testing.assert_array_equal(read_idx(path), ims[:5])
+    assert len(copy.read_bytes()) == len(gzip.decompress(path.read_bytes()))  # rewritten
+
+    write_idx(path, ims[:4], compress=True)  # the file changes: so does its key
+    os.utime(path, ns=(1, 1))
+    np.testing.assert_array_equal(read_idx(path), ims[:4])
+    assert len(list(cache.iterdir())) == 2
+
+    monkeypatch.setattr(sources, "UNZIPPED_DIR", "/proc/no-such-cache")  # cannot be written
+    np.testing.assert_array_equal(read_idx(path), ims[:4])
 
 
 def test_missing_files_say_where_and_how(tmp_path: Path, no_download: None) -> None:

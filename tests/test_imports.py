@@ -106,10 +106,11 @@ print(epsilon(rel.event, 1e-5) == epsilon(fresh, 1e-5) > 0, epsilon(sel, 1e-5) >
     assert out.stdout.split("\n")[:2] == ["[]", "True True"], out.stdout + out.stderr
 
 
-def test_building_and_opening_a_population_does_not_import_pandas() -> None:
+def test_building_and_opening_a_population_does_not_import_pandas_or_arrow_compute() -> None:
     """pyarrow's ``pa.array``, ``pa.table`` and ``Array.to_numpy`` import pandas (~0.4 CPU-s)
-    to ask whether their argument is a pandas object: the prepare step and every process that
-    opens the population (the coordinator and the workers) used to pay it at start-up."""
+    to ask whether their argument is a pandas object, and ``FixedSizeListArray.from_arrays``
+    and ``.flatten()`` import pyarrow.compute (~0.1 s): the prepare step and every process that
+    opens the population (the coordinator and the workers) used to pay them at start-up."""
     code = """
 import pickle, sys
 from raysim.config import DataConfig
@@ -117,9 +118,9 @@ from raysim.data.federated import build_federated_dataset
 ds = build_federated_dataset(DataConfig(dataset="synthetic_linear", num_clients=4), seed=0)
 ds = pickle.loads(pickle.dumps(ds))
 x, y = ds.client_train(1)
-print(x.shape, "pandas" in sys.modules)
+print(x.shape, "pandas" in sys.modules, "pyarrow.compute" in sys.modules)
 """
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
-    assert out.stdout.strip().endswith(" False"), out.stdout + out.stderr
+    assert out.stdout.strip().endswith(" False False"), out.stdout + out.stderr
