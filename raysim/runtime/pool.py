@@ -1,11 +1,11 @@
 """A pool of ClientWorker actors: runs a round's groups of clients on it and survives lost
 workers.
 
-The groups go out in pieces balanced largest-first (LPT), to whichever worker is free. Which
-worker runs a client changes nothing in the result: every client draws from generators keyed by
-(seed, round, client, purpose), and the groups are fixed before the pool sees them. The pool may
-also hold one ClientWorker in the coordinator's own process (``local``): see
-``raysim.runtime.coordinator.trains_in_coordinator``.
+The groups go out in pieces that shrink as the round goes on (``cut_pieces``), largest first,
+to whichever worker is free. Which worker runs a client changes nothing in the result: every
+client draws from generators keyed by (seed, round, client, purpose), and the groups are fixed
+before the pool sees them. The pool may also hold one ClientWorker in the coordinator's own
+process (``local``): see ``raysim.runtime.coordinator.trains_in_coordinator``.
 """
 
 from __future__ import annotations
