@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from opacus.validators import ModuleValidator
+from torch.nn import functional as F
 
 from raysim.models import MODELS, build_model, flat_params, load_flat_, num_params
 
@@ -13,6 +14,34 @@ def test_cnn_matches_table_2():
     m = build_model("cnn", (1, 28, 28), 10)
     assert num_params(m) == 28_938
     assert [p.numel() for p in m.parameters()] == [400, 16, 12_800, 32, 15_680, 10]
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_cnn_pools_before_relu_with_table_2_bits(channels_last):
+    """The CNN applies each ReLU after its max-pooling; Table 2's order (conv, ReLU, pool),
+    written out here with torch.nn.functional, gives the same logits and gradients to the bit.
+    Sparse images make ties (regions where a conv outputs its bias) and all-negative windows."""
+    torch.manual_seed(0)
+    m = build_model("cnn", (1, 28, 28), 10)
+    if channels_last:
+        m = m.to(memory_format=torch.channels_last)
+    x = torch.randn(32, 1, 28, 28) * (torch.rand(32, 1, 28, 28) < 0.3)
+    y = torch.randint(0, 10, (32,))
+
+    def table_2(x: torch.Tensor) -> torch.Tensor:
+        h = F.max_pool2d(F.relu(F.conv2d(x, m.conv1.weight, m.conv1.bias, padding=2)), 2)
+        h = F.max_pool2d(F.relu(F.conv2d(h, m.conv2.weight, m.conv2.bias, padding=2)), 2)
+        return F.linear(h.flatten(1), m.fc.weight, m.fc.bias)
+
+    results = []
+    for forward in (m, table_2):
+        m.zero_grad()
+        logits = forward(x)
+        F.cross_entropy(logits, y).backward()
+        results.append([logits.detach()] + [p.grad.clone() for p in m.parameters()])
+    for ours, reference in zip(*results, strict=True):
+        assert torch.equal(ours, reference)
+    assert (results[0][1] != 0).any()
 
 
 @pytest.mark.parametrize(
