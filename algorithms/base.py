@@ -114,9 +114,35 @@ class Algorithm(ABC):
     def client_evaluate(self, task: ClientTask, ctx: ClientContext) -> EvalReport:
         weights = task.state if task.state is not None else ctx.models[task.cluster or 0]
         x, y = ctx.test_data()
-        res = ctx.trainer.evaluate(weights, x, y)
-        acc = float("nan") if res.accuracy is None else res.accuracy
-        return EvalReport(task.client_id, res.loss, acc, res.n, task.cluster)
+        return _report(task, ctx.trainer.evaluate(weights, x, y))
+
+    def client_evaluations(
+        self, tasks: list[ClientTask], ctxs: list[ClientContext]
+    ) -> list[EvalReport]:
+        """A fixed group of clients' evaluations, decided by the engine from client ids. The
+        clients judged on the same broadcast model share its forward passes
+        (``trainer.evaluate_many``); the others are judged one at a time by client_evaluate."""
+        out: list[EvalReport | None] = [None] * len(tasks)
+        shared: dict[int, list[int]] = {}
+        for i, (task, ctx) in enumerate(zip(tasks, ctxs, strict=True)):
+            model = self.shared_evaluation_model(task)
+            if model is None:
+                out[i] = self.client_evaluate(task, ctx)
+            else:
+                shared.setdefault(model, []).append(i)
+        for model, members in shared.items():
+            trainer, weights = ctxs[members[0]].trainer, ctxs[members[0]].models[model]
+            results = trainer.evaluate_many(weights, [ctxs[i].test_data() for i in members])
+            for i, res in zip(members, results, strict=True):
+                out[i] = _report(tasks[i], res)
+        return out  # type: ignore[return-value]
+
+    def shared_evaluation_model(self, task: ClientTask) -> int | None:
+        """The broadcast model ``task`` is judged on, where client_evaluate would judge it on that
+        model alone (so clients may share forward passes); None: client_evaluate judges it."""
+        if type(self).client_evaluate is not Algorithm.client_evaluate or task.state is not None:
+            return None
+        return task.cluster or 0
 
     def assignments(self, state: Any) -> np.ndarray | None:
         """The cluster each client is currently assigned to (None: not a clustering method)."""
@@ -279,3 +305,8 @@ class FederatedAlgorithm(Algorithm):
         if sums.counts[slot] < 0.5:
             return model
         return model + self.cfg.algorithm.server_lr * sums.means()[slot]
+
+
+def _report(task: ClientTask, res: Any) -> EvalReport:
+    acc = float("nan") if res.accuracy is None else res.accuracy
+    return EvalReport(task.client_id, res.loss, acc, res.n, task.cluster)

@@ -243,6 +243,13 @@ class ClusteredAlgorithm(FederatedAlgorithm):
         ]
         return RoundPlan(tasks, state.models)
 
+    def shared_evaluation_model(self, task: ClientTask) -> int | None:
+        """A client that selects its model is judged alone (its choice needs its train data)."""
+        overridden = type(self).client_evaluate is not ClusteredAlgorithm.client_evaluate
+        if overridden or task.extra.get("select") or task.state is not None:
+            return None
+        return task.cluster or 0
+
     def client_evaluate(self, task: ClientTask, ctx: ClientContext) -> EvalReport:
         """With ``select``: on the cluster model with the lowest train loss."""
         if task.extra.get("select") and len(ctx.models) > 1:

@@ -50,7 +50,7 @@ def inline_loop(prep: Any, device: str | None = None) -> Any:
     import torch
 
     from raysim.models import model_spec
-    from raysim.rounds import RoundLoop, client_groups, group_size
+    from raysim.rounds import RoundLoop, group_size, task_groups
     from raysim.runtime.worker import ClientWorker
 
     cfg = prep.cfg
@@ -66,10 +66,11 @@ def inline_loop(prep: Any, device: str | None = None) -> Any:
         cfg.runtime.vectorize,
     )
     size = group_size(cfg.runtime.client_group_size, gpus)  # the same groups as on Ray
+    eval_size = cfg.runtime.eval_group_size
 
     def execute(kind: str, round: int, models: list[Any], tasks: list[Any]) -> list[Any]:
         stacked = np.stack([m.detach().to("cpu", torch.float32).numpy() for m in models])
-        return worker.run(kind, round, stacked, client_groups(tasks, size))
+        return worker.run(kind, round, stacked, task_groups(kind, tasks, size, eval_size))
 
     loop = RoundLoop(cfg, prep.algorithm, prep.truth, execute)
     loop.device = str(worker.device)

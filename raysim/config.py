@@ -217,6 +217,9 @@ class RuntimeConfig(_Section):
     # Opacus/torch.optim path (the reference implementation).
     client_group_size: int | Literal["auto"] = "auto"
     vectorize: bool = True
+    # Clients per evaluation group (cut from client ids like the training groups): the clients
+    # of a group judged on the same model share forward passes (Algorithm.client_evaluations).
+    eval_group_size: int = Field(64, gt=0)
     # The coordinator's process trains clients itself, as one of num_workers (num_workers - 1 worker
     # actors), where that is allowed: a trusted server, CPU only, shared workers, not in a Tune
     # trial (runtime/coordinator.py). false: every shard on its own worker actor.

@@ -45,6 +45,7 @@ def test_one_two_three_workers_identical(ray_session, tmp_path, algorithm, mode,
         "training.sampling": "without_replacement",
         "data.samples_per_client": 40,
         "runtime.cpus_per_worker": 0.5,  # 3 workers on the 2-CPU test Ray
+        "runtime.eval_group_size": 3,  # evaluation groups of 3, 3, 2 clients, shared passes
     }
     runs = [_run(tmp_path, f"w{w}", **common, **{"runtime.num_workers": w}) for w in (1, 2, 3)]
     assert runs[0].equals(runs[1]) and runs[0].equals(runs[2]), runs

@@ -138,9 +138,10 @@ class Coordinator:
         if self.cfg.runtime.actor_per_client:  # each client pinned to its own actor
             shards = [(t.client_id, [[t]]) for t in tasks]
             return self.pool.run_pinned(kind, round, stacked, shards)
-        from raysim.rounds import client_groups
+        from raysim.rounds import task_groups
 
-        return self.pool.run(kind, round, stacked, client_groups(tasks, self.group_size))
+        groups = task_groups(kind, tasks, self.group_size, self.cfg.runtime.eval_group_size)
+        return self.pool.run(kind, round, stacked, groups)
 
     # -- API -----------------------------------------------------------------------------------
     def info(self) -> list[dict[str, Any]]:

@@ -67,9 +67,9 @@ class ClientWorker:
         self, kind: str, round: int, models: np.ndarray, groups: list[list[ClientTask]]
     ) -> list[Any]:
         """Run `kind` ("train" or "evaluate") for each group of tasks; models is the round's
-        broadcast. A training group goes to the algorithm whole (client_steps: vectorized where
-        it can be); the groups are fixed by the coordinator, so the bits do not depend on how
-        many workers share them."""
+        broadcast. A group goes to the algorithm whole (client_steps: vectorized where it can
+        be; client_evaluations: shared forward passes); the groups are fixed by the coordinator,
+        so the bits do not depend on how many workers share them."""
         import torch
 
         broadcast = [torch.from_numpy(np.array(m, copy=True)) for m in models]
@@ -82,6 +82,10 @@ class ClientWorker:
             steps = getattr(self.algorithm, "client_steps", None)
             if kind == "train" and steps is not None:
                 out.extend(steps(group, ctxs))
+                continue
+            evaluations = getattr(self.algorithm, "client_evaluations", None)
+            if kind == "evaluate" and evaluations is not None:
+                out.extend(evaluations(group, ctxs))
                 continue
             step = self.algorithm.client_step if kind == "train" else self.algorithm.client_evaluate
             out.extend(step(t, c) for t, c in zip(group, ctxs, strict=True))
