@@ -7,6 +7,7 @@ never imports an algorithm.
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing
 import os
 import pickle
@@ -111,13 +112,18 @@ def prepare_apart(
         return build()
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_prepare_child, args=(build, send), daemon=True)
+    # the large buffers (the dataset's pixels) come back through an anonymous shared file, not
+    # the pipe: no name that an interruption could leave behind in /dev/shm
+    shared = os.memfd_create("raysim-prepared", os.MFD_CLOEXEC)
+    child = ctx.Process(target=_prepare_child, args=(build, send, shared), daemon=True)
     child.start()
     send.close()
     try:
         if meanwhile is not None:
             meanwhile()
         kind, payload = receive.recv()
+        if kind == "ok":
+            payload = _unpickle_shared(payload, shared)
     except EOFError:
         child.join()
         code = child.exitcode
@@ -127,6 +133,7 @@ def prepare_apart(
         raise
     finally:
         receive.close()
+        os.close(shared)
     child.join()
     if kind == "ok":
         return payload
@@ -135,14 +142,14 @@ def prepare_apart(
     raise pickle.loads(payload)
 
 
-def _prepare_child(build: Callable[[], list[Prepared]], send: Any) -> None:
+def _prepare_child(build: Callable[[], list[Prepared]], send: Any, shared: int) -> None:
     try:
         try:
             seal = [
                 replace(p, algorithm=Sealed.of(p.algorithm), env=None, spec=Sealed.of(p.spec))
                 for p in build()
             ]
-            send.send(("ok", seal))
+            send.send(("ok", _pickle_shared(seal, shared)))
         except ConfigError as exc:
             send.send(("config", str(exc)))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the parent
@@ -156,6 +163,32 @@ def _prepare_child(build: Callable[[], list[Prepared]], send: Any) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)  # not the parent's atexit handlers, which the fork copied
+
+
+def _pickle_shared(obj: Any, fd: int) -> tuple[bytes, list[tuple[int, int]]]:
+    """Pickle ``obj`` with its buffers out of band (protocol 5), written one after another into
+    the file ``fd``: (pickle, [(offset, length)]). Through the pipe, W's 53 MB of pixels took
+    ~0.3 s (pickled, piped, read and unpickled: four copies); written once, ~0.03 s."""
+    buffers: list[pickle.PickleBuffer] = []
+    body = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    spans, offset = [], 0
+    for buf in buffers:
+        raw = buf.raw()
+        os.pwrite(fd, raw, offset)  # one call: a file on tmpfs takes it whole
+        spans.append((offset, raw.nbytes))
+        offset += -(-raw.nbytes // 64) * 64  # each buffer 64-byte aligned, as numpy's are
+    return body, spans
+
+
+def _unpickle_shared(payload: tuple[bytes, list[tuple[int, int]]], fd: int) -> Any:
+    """The inverse of _pickle_shared: the buffers are views of a private mapping of the file (no
+    copy until written), which lives as long as they do."""
+    body, spans = payload
+    if not spans:
+        return pickle.loads(body)
+    size = os.fstat(fd).st_size
+    view = memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_COPY))
+    return pickle.loads(body, buffers=[view[o : o + n] for o, n in spans])
 
 
 def run_prepared(
