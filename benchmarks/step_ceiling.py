@@ -13,6 +13,7 @@ import argparse
 import time
 
 import torch
+from engine_vs_loop import peak_gflops  # beside this script: the benchmark's own peak
 from torch.nn import functional as F
 from torch.profiler import profile
 from torch.utils.flop_counter import FlopCounterMode
@@ -22,24 +23,11 @@ from raysim.models import build_model
 CONV_OPS = ("aten::mkldnn_convolution", "aten::convolution_backward")
 
 
-def matmul_peak(threads: int) -> float:
-    """GFLOP/s of a 4096 x 4096 float32 matmul, best of 3, on ``threads`` threads."""
-    torch.set_num_threads(threads)
-    a, b = torch.randn(4096, 4096), torch.randn(4096, 4096)
-    a @ b
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t)
-    return 2 * 4096**3 / best / 1e9
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args()
-    one, two = matmul_peak(1), matmul_peak(2)
+    one, two = peak_gflops(1), peak_gflops(2)
     torch.set_num_threads(1)
     model = build_model("cnn", (1, 28, 28), 10).to(memory_format=torch.channels_last)
     x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
