@@ -9,20 +9,30 @@ import torch
 from torch import nn
 
 
-def num_params(model: nn.Module) -> int:
+def num_params(model: nn.Module | list[nn.Parameter]) -> int:
     """Number of trainable scalars (the length of ``flat_params``)."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return sum(p.numel() for p in _trainable(model))
 
 
-def flat_params(model: nn.Module, out: torch.Tensor | None = None) -> torch.Tensor:
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    """The trainable parameters in ``model.parameters()`` order: the flat vector's layout. A
+    caller that loads and reads weights per client keeps this list (walking the module tree
+    took ~0.2 ms a call, ~10% of a 6-image client)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def flat_params(
+    model: nn.Module | list[nn.Parameter], out: torch.Tensor | None = None
+) -> torch.Tensor:
     """1-D float32 CPU copy of the trainable parameters, in ``model.parameters()`` order.
 
-    ``out`` (a float32 CPU tensor of the right length) is filled instead of allocating.
+    ``model`` may be its ``trainable`` list. ``out`` (a float32 CPU tensor of the right length)
+    is filled instead of allocating.
     """
-    params = [p.detach().reshape(-1) for p in model.parameters() if p.requires_grad]
+    params = [p.detach().reshape(-1) for p in _trainable(model)]
     if out is None:
-        out = torch.empty(sum(p.numel() for p in params), dtype=torch.float32)
-    elif out.numel() != sum(p.numel() for p in params):
+        return torch.cat(params).to("cpu", torch.float32) if params else torch.empty(0)
+    if out.numel() != sum(p.numel() for p in params):
         raise ValueError(f"out has {out.numel()} elements, model has {num_params(model)}")
     off = 0
     with torch.no_grad():
@@ -33,18 +43,23 @@ def flat_params(model: nn.Module, out: torch.Tensor | None = None) -> torch.Tens
 
 
 @torch.no_grad()
-def load_flat_(model: nn.Module, vec: torch.Tensor) -> nn.Module:
-    """Copy ``vec`` into the existing parameter tensors (no reallocation; any device/dtype)."""
+def load_flat_(model: nn.Module | list[nn.Parameter], vec: torch.Tensor) -> nn.Module | list:
+    """Copy ``vec`` into the existing parameter tensors (no reallocation; any device/dtype).
+    ``model`` may be its ``trainable`` list."""
     vec = vec.reshape(-1)
-    n = num_params(model)
+    params = _trainable(model)
+    n = sum(p.numel() for p in params)
     if vec.numel() != n:
         raise ValueError(f"weight vector has {vec.numel()} elements, model has {n}")
     off = 0
-    for p in model.parameters():
-        if p.requires_grad:
-            p.copy_(vec[off : off + p.numel()].view_as(p))
-            off += p.numel()
+    for p in params:
+        p.copy_(vec[off : off + p.numel()].view_as(p))
+        off += p.numel()
     return model
+
+
+def _trainable(model: nn.Module | list[nn.Parameter]) -> list[nn.Parameter]:
+    return model if isinstance(model, list) else trainable(model)
 
 
 @dataclass(frozen=True)

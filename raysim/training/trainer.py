@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.optim.sgd import sgd
 
-from raysim.models.params import flat_params, load_flat_, num_params
+from raysim.models.params import flat_params, load_flat_, num_params, trainable
 from raysim.training.config import EvalResult, TrainConfig, TrainResult, sampling_plan
 from raysim.training.losses import TASKS, as_tensor, per_sample_loss, targets
 
@@ -51,7 +51,7 @@ class LocalTrainer:
         self.model = model.to(self.device)
         self.task = task
         self.grad_sample_mode = grad_sample_mode
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.params = trainable(self.model)  # kept: loading weights per client walks no tree
         self.dim = num_params(self.model)
         self._psg: PerSampleGrads | None = None  # wrapped lazily, on first DP use
         self._device_gen: torch.Generator | None = None
@@ -129,7 +129,7 @@ class LocalTrainer:
         plan = sampling_plan(n, cfg)
         init = weights.detach().reshape(-1).to("cpu", torch.float32)
         self._use_format(not cfg.dp)
-        load_flat_(self.model, init)
+        load_flat_(self.params, init)
         center = None
         if cfg.prox_mu > 0:  # FedProx: by default, stay close to the weights received
             ref = init if prox_center is None else prox_center.detach().reshape(-1)
@@ -138,7 +138,7 @@ class LocalTrainer:
         run = self._run_dp if cfg.dp else self._run_plain
         steps, loss = run(xt, yt, cfg, plan, generator, center)
 
-        update = flat_params(self.model).sub_(init)
+        update = flat_params(self.params).sub_(init)
         norm = float(update.norm())
         if cfg.update_clip is not None and norm > cfg.update_clip:
             update.mul_(cfg.update_clip / norm)
@@ -266,7 +266,7 @@ class LocalTrainer:
     ) -> EvalResult:
         """Mean loss and accuracy (None for regression) of ``weights`` on (x, y)."""
         xt, yt = self._data(x, y)
-        load_flat_(self.model, weights)
+        load_flat_(self.params, weights)
         loss, correct = self._eval(xt, yt, batch_size, with_acc=self.task == "classification")
         n = xt.shape[0]
         acc = None if self.task != "classification" else (correct / n if n else float("nan"))
@@ -291,7 +291,7 @@ class LocalTrainer:
         if batch_size is None:
             batch_size = 256 if self.device.type == "cpu" else 1024
         sizes = [len(y) for _, y in data]
-        load_flat_(self.model, weights)
+        load_flat_(self.params, weights)
         results: list[EvalResult] = []
         start = 0
         while start < len(data):
@@ -338,7 +338,7 @@ class LocalTrainer:
         accs = np.zeros(len(weights_list), dtype=np.float64)
         with_acc = self.task == "classification"
         for k, w in enumerate(weights_list):
-            load_flat_(self.model, w)
+            load_flat_(self.params, w)
             losses[k], correct = self._eval(xt, yt, batch_size, with_acc, loss_clip)
             accs[k] = correct / xt.shape[0] if xt.shape[0] else float("nan")
         return losses, accs
