@@ -114,7 +114,7 @@ def prepare_apart(
     receive, send = ctx.Pipe(duplex=False)
     # the large buffers (the dataset's pixels) come back through an anonymous shared file, not
     # the pipe: no name that an interruption could leave behind in /dev/shm
-    shared = os.memfd_create("raysim-prepared", os.MFD_CLOEXEC)
+    shared = _shared_file()
     child = ctx.Process(target=_prepare_child, args=(build, send, shared), daemon=True)
     child.start()
     send.close()
@@ -133,7 +133,8 @@ def prepare_apart(
         raise
     finally:
         receive.close()
-        os.close(shared)
+        if shared is not None:
+            os.close(shared)
     child.join()
     if kind == "ok":
         return payload
@@ -142,7 +143,15 @@ def prepare_apart(
     raise pickle.loads(payload)
 
 
-def _prepare_child(build: Callable[[], list[Prepared]], send: Any, shared: int) -> None:
+def _shared_file() -> int | None:
+    """An anonymous file for _pickle_shared; None where the kernel has no memfd (the pipe)."""
+    try:
+        return os.memfd_create("raysim-prepared", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return None
+
+
+def _prepare_child(build: Callable[[], list[Prepared]], send: Any, shared: int | None) -> None:
     try:
         try:
             seal = [
@@ -165,22 +174,26 @@ def _prepare_child(build: Callable[[], list[Prepared]], send: Any, shared: int) 
         os._exit(0)  # not the parent's atexit handlers, which the fork copied
 
 
-def _pickle_shared(obj: Any, fd: int) -> tuple[bytes, list[tuple[int, int]]]:
+def _pickle_shared(obj: Any, fd: int | None) -> tuple[bytes, list[tuple[int, int]]]:
     """Pickle ``obj`` with its buffers out of band (protocol 5), written one after another into
     the file ``fd``: (pickle, [(offset, length)]). Through the pipe, W's 53 MB of pixels took
     ~0.3 s (pickled, piped, read and unpickled: four copies); written once, ~0.03 s."""
+    if fd is None:  # no shared file: everything in band, through the pipe
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), []
     buffers: list[pickle.PickleBuffer] = []
     body = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     spans, offset = [], 0
     for buf in buffers:
         raw = buf.raw()
-        os.pwrite(fd, raw, offset)  # one call: a file on tmpfs takes it whole
+        written = 0
+        while written < raw.nbytes:  # Linux writes at most ~2 GiB a call
+            written += os.pwrite(fd, raw[written:], offset + written)
         spans.append((offset, raw.nbytes))
         offset += -(-raw.nbytes // 64) * 64  # each buffer 64-byte aligned, as numpy's are
     return body, spans
 
 
-def _unpickle_shared(payload: tuple[bytes, list[tuple[int, int]]], fd: int) -> Any:
+def _unpickle_shared(payload: tuple[bytes, list[tuple[int, int]]], fd: int | None) -> Any:
     """The inverse of _pickle_shared: the buffers are views of a private mapping of the file (no
     copy until written), which lives as long as they do."""
     body, spans = payload

@@ -5,6 +5,7 @@ Checked in fresh processes, since this one has torch loaded (where prepare_apart
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -106,3 +107,34 @@ def test_the_driver_of_raysim_run_never_imports_torch(tmp_path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "0 False", out.stdout + out.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").is_file()
+
+
+def test_prepared_buffers_travel_through_a_shared_file_or_the_pipe() -> None:
+    """_pickle_shared / _unpickle_shared: numpy and pyarrow buffers out of band in a memfd, or
+    everything in band where there is no shared file; the same values either way."""
+    import numpy as np
+    import pyarrow as pa
+
+    from raysim.experiment import _pickle_shared, _shared_file, _unpickle_shared
+
+    obj = {
+        "pixels": np.arange(3 * 1000 * 7, dtype=np.uint8).reshape(3000, 7),
+        "sizes": np.array([5, 0, 9], dtype=np.int64),
+        "labels": pa.array(np.arange(100, dtype=np.int32)),
+        "empty": np.zeros(0),
+    }
+    shared = _shared_file()
+    assert shared is not None  # Linux: memfd_create
+    try:
+        body, spans = _pickle_shared(obj, shared)
+        assert len(spans) >= 3 and len(body) < 2000  # the buffers are in the file, not the pickle
+        assert all(offset % 64 == 0 for offset, _ in spans)
+        back = _unpickle_shared((body, spans), shared)
+    finally:
+        os.close(shared)
+    inline = _unpickle_shared(_pickle_shared(obj, None), None)
+    for got in (back, inline):
+        assert np.array_equal(got["pixels"], obj["pixels"])
+        assert np.array_equal(got["sizes"], obj["sizes"])
+        assert got["labels"].equals(obj["labels"])
+        assert got["empty"].shape == (0,)
