@@ -112,7 +112,8 @@ class Algorithm(ABC):
         """One task per client: which model (task.cluster) or personal state it is judged on."""
 
     def client_evaluate(self, task: ClientTask, ctx: ClientContext) -> EvalReport:
-        weights = task.state if task.state is not None else ctx.models[task.cluster or 0]
+        model = broadcast_model(task)
+        weights = task.state if model is None else ctx.models[model]
         x, y = ctx.test_data()
         return _report(task, ctx.trainer.evaluate(weights, x, y))
 
@@ -140,9 +141,9 @@ class Algorithm(ABC):
     def shared_evaluation_model(self, task: ClientTask) -> int | None:
         """The broadcast model ``task`` is judged on, where client_evaluate would judge it on that
         model alone (so clients may share forward passes); None: client_evaluate judges it."""
-        if type(self).client_evaluate is not Algorithm.client_evaluate or task.state is not None:
+        if type(self).client_evaluate is not Algorithm.client_evaluate:
             return None
-        return task.cluster or 0
+        return broadcast_model(task)
 
     def assignments(self, state: Any) -> np.ndarray | None:
         """The cluster each client is currently assigned to (None: not a clustering method)."""
@@ -305,6 +306,12 @@ class FederatedAlgorithm(Algorithm):
         if sums.counts[slot] < 0.5:
             return model
         return model + self.cfg.algorithm.server_lr * sums.means()[slot]
+
+
+def broadcast_model(task: ClientTask) -> int | None:
+    """The broadcast model a task is judged on; None: its own (``task.state``, a personal
+    model)."""
+    return None if task.state is not None else task.cluster or 0
 
 
 def _report(task: ClientTask, res: Any) -> EvalReport:

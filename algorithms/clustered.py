@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from algorithms.base import Environment, FederatedAlgorithm
+from algorithms.base import Environment, FederatedAlgorithm, broadcast_model
 from raysim.aggregation import weighted_mean
 from raysim.clustering import cluster_sizes
 from raysim.models import build_from_spec, flat_params, model_spec
@@ -246,9 +246,7 @@ class ClusteredAlgorithm(FederatedAlgorithm):
     def shared_evaluation_model(self, task: ClientTask) -> int | None:
         """A client that selects its model is judged alone (its choice needs its train data)."""
         overridden = type(self).client_evaluate is not ClusteredAlgorithm.client_evaluate
-        if overridden or task.extra.get("select") or task.state is not None:
-            return None
-        return task.cluster or 0
+        return None if overridden or task.extra.get("select") else broadcast_model(task)
 
     def client_evaluate(self, task: ClientTask, ctx: ClientContext) -> EvalReport:
         """With ``select``: on the cluster model with the lowest train loss."""

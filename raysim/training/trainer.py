@@ -52,7 +52,7 @@ class LocalTrainer:
         self.task = task
         self.grad_sample_mode = grad_sample_mode
         self.params = trainable(self.model)  # kept: loading weights per client walks no tree
-        self.dim = num_params(self.model)
+        self.dim = num_params(self.params)
         self._psg: PerSampleGrads | None = None  # wrapped lazily, on first DP use
         self._device_gen: torch.Generator | None = None
         self.vectorize = True  # train_many may use training.vectorized (False: Opacus always)
