@@ -1,0 +1,33 @@
+"""The benchmark's reading of the host's steal time (benchmarks/engine_vs_loop.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "engine_vs_loop.py"
+_spec = importlib.util.spec_from_file_location("engine_vs_loop", _PATH)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def test_cpu_ticks_reads_steal_and_total(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice (guest is inside user)
+    stat.write_text("cpu  100 5 20 800 10 0 5 60 7 0\ncpu0 1 2 3\n")
+    assert bench.cpu_ticks(str(stat)) == (60, 1000)
+
+
+def test_cpu_ticks_without_a_steal_column(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 5 20 800\n")
+    assert bench.cpu_ticks(str(stat)) is None
+    assert bench.cpu_ticks(str(tmp_path / "missing")) is None
+
+
+def test_steal_share_over_an_interval() -> None:
+    assert bench.steal_share((60, 1000), (160, 1400)) == pytest.approx(0.25)
+    assert bench.steal_share(None, (1, 2)) is None
+    assert bench.steal_share((5, 100), (5, 100)) is None  # no time passed
