@@ -11,11 +11,15 @@ time from the command to the start of round 1, steady s/round (median of rounds 
 also evaluates), peak PSS of the whole process tree (driver, Ray's daemons and actors: PSS, not
 RSS, which counts torch's shared libraries once per process), and achieved GFLOP/s as a
 fraction of the machine's peak (FLOPs of the clients' forward+backward passes counted with
-torch.utils.flop_counter; peak from a large matmul in this run, with as many threads as cores).
+torch.utils.flop_counter; peak from a large matmul at the start and the end of this run, with as
+many threads as cores, the higher counting), and the host's steal over the rep (from /proc/stat:
+CPU time the hypervisor gave to other guests). A rep the host took more than 5% from runs again,
+up to --retries times: on a shared VM, steal swings from 0 to over 30% within minutes.
 The loop is `LocalTrainer` per client (torch.optim SGD; DP-SGD through Opacus), 2 torch threads,
 in PyTorch's default memory format (the engine trains convolutions channels-last on CPU).
 
     python benchmarks/engine_vs_loop.py [--dp] [--clients 10000] [--reps 2] [--workers 2]
+                                        [--retries 2]
 
 The last two lines: `engine/loop speed ratio: <loop s/round / engine s/round>` and
 `engine/loop wall ratio: <loop wall / engine wall>` (> 1: raysim is faster).
