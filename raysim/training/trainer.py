@@ -260,14 +260,23 @@ class LocalTrainer:
         return total
 
     # ---------------------------------------------------------------- evaluation
+    def eval_rows(self) -> int:
+        """Rows per forward pass when nothing is trained (evaluate, evaluate_many, scores): 256 on
+        CPU, where the Table-2 CNN's forward pass peaks (~90 GFLOP/s against ~70 at 1,024, whose
+        activations spill the 4 MiB L2; and at 1,024 rows its first convolution's 51 MB output is
+        above glibc's largest heap threshold, so it is a fresh mmap faulted in page by page at
+        every batch: docs/speed.md), 1024 on a GPU."""
+        return 256 if self.device.type == "cpu" else 1024
+
     @torch.no_grad()
     def evaluate(
-        self, weights: torch.Tensor, x: np.ndarray, y: np.ndarray, batch_size: int = 1024
+        self, weights: torch.Tensor, x: np.ndarray, y: np.ndarray, batch_size: int | None = None
     ) -> EvalResult:
         """Mean loss and accuracy (None for regression) of ``weights`` on (x, y)."""
         xt, yt = self._data(x, y)
         load_flat_(self.params, weights)
-        loss, correct = self._eval(xt, yt, batch_size, with_acc=self.task == "classification")
+        rows = batch_size or self.eval_rows()
+        loss, correct = self._eval(xt, yt, rows, with_acc=self.task == "classification")
         n = xt.shape[0]
         acc = None if self.task != "classification" else (correct / n if n else float("nan"))
         return EvalResult(loss, acc, n)
@@ -285,11 +294,8 @@ class LocalTrainer:
         large batches instead of thousands of small ones (a W client's 10 images took ~2 ms,
         mostly overhead). A row's output depends on the rows beside it by rounding only (~1e-7):
         the caller fixes which datasets go together (the engine's evaluation groups, cut from
-        client ids), so the bits do not depend on the workers. Default batch: 256 rows on CPU,
-        where the Table-2 CNN's forward pass peaks (~90 GFLOP/s against ~70 at 1024, whose
-        activations spill the 4 MiB L2), 1024 on a GPU."""
-        if batch_size is None:
-            batch_size = 256 if self.device.type == "cpu" else 1024
+        client ids), so the bits do not depend on the workers. Default batch: ``eval_rows``."""
+        batch_size = batch_size or self.eval_rows()
         sizes = [len(y) for _, y in data]
         load_flat_(self.params, weights)
         results: list[EvalResult] = []
@@ -329,11 +335,12 @@ class LocalTrainer:
         x: np.ndarray,
         y: np.ndarray,
         loss_clip: float | None = None,
-        batch_size: int = 1024,
+        batch_size: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Mean (per-sample clipped to [0, loss_clip]) loss and accuracy of each model on (x, y):
         what a client scores the cluster models by (no copy of the data)."""
         xt, yt = self._data(x, y)
+        batch_size = batch_size or self.eval_rows()
         losses = np.empty(len(weights_list), dtype=np.float64)
         accs = np.zeros(len(weights_list), dtype=np.float64)
         with_acc = self.task == "classification"
