@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 from pathlib import Path
 
@@ -31,3 +32,17 @@ def test_steal_share_over_an_interval() -> None:
     assert bench.steal_share((60, 1000), (160, 1400)) == pytest.approx(0.25)
     assert bench.steal_share(None, (1, 2)) is None
     assert bench.steal_share((5, 100), (5, 100)) is None  # no time passed
+
+
+def test_a_contended_rep_runs_again_up_to_the_retries() -> None:
+    def runs(steals):
+        seq = iter(steals)
+        return lambda: {"steal": next(seq), "wall": 1.0}
+
+    args = argparse.Namespace(retries=2)
+    assert bench.quiet_rep("loop", 0, args, runs([0.0, 0.5]))["steal"] == 0.0  # quiet: kept
+    assert bench.quiet_rep("loop", 0, args, runs([0.3, 0.02, 0.9]))["steal"] == 0.02
+    assert bench.quiet_rep("loop", 0, args, runs([0.3, 0.2, 0.1, 0.0]))["steal"] == 0.1  # last
+    assert bench.quiet_rep("loop", 0, args, runs([None, 0.5]))["steal"] is None  # unreadable
+    none = argparse.Namespace(retries=0)
+    assert bench.quiet_rep("loop", 0, none, runs([0.4, 0.0]))["steal"] == 0.4
