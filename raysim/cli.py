@@ -69,18 +69,25 @@ def _progress(cfg: ExperimentConfig, label: str):
         if "accuracy" in row:
             post["acc"] = f"{100 * row['accuracy']:.1f}%"
         bar.set_postfix(post)
-        bar.update(1)
+        bar.update(row["round"] - bar.n)  # a resumed run's first row is not round 1
 
     return bar, update
 
 
 def run_one(
-    prep: Any, out: Path, resume: bytes | None = None, overwrite: bool = False, **kw: Any
+    prep: Any,
+    out: Path,
+    resume: bytes | None = None,
+    overwrite: bool = False,
+    label: str | None = None,
+    **kw: Any,
 ) -> None:
+    """``run_prepared`` with a progress bar (a long run must show that it moves, and how fast);
+    ``kw``: its other options."""
     from raysim.experiment import run_prepared
 
     cfg = prep.cfg
-    bar, update = _progress(cfg, f"{cfg.algorithm.name}")
+    bar, update = _progress(cfg, label or cfg.algorithm.name)
     try:
         run_prepared(prep, out, on_round=update, resume=resume, overwrite=overwrite, **kw)
     finally:

@@ -1,7 +1,7 @@
 """`raysim compare`: one setup under several algorithms and seeds, and the paper's table.
 
     raysim compare CONFIG --algorithms rdpcfl,ifca,fedavg,local --seeds 0,1,2 [--set k=v]
-                   [--out DIR] [--inline [--jobs N]] [--report-only]
+                   [--out DIR [--resume]] [--inline [--jobs N]] [--report-only]
 
 Each (algorithm, seed) run writes its usual result directory under OUT/ALGORITHM/seedS; the
 table (mean +- std over seeds of the final All / Majority / Minority accuracy, the minimum client
@@ -11,8 +11,10 @@ R-DPCFL's chosen M, MSS and E_c) is printed and written to OUT/compare.md and co
 ``--inline`` runs the rounds in this process, without Ray (``run_inline``): the same algorithm
 calls with the same seeded generators, so the same numbers as the engine on the same device;
 it serves machines without Ray (the GPU box) and tests. ``--jobs N`` runs N of the inline runs
-at once, each in its own process (each run's numbers are the same as alone). ``--report-only``
-re-reads OUT.
+at once, each in its own process (each run's numbers are the same as alone). Every run writes
+checkpoints as ``raysim run`` does, inline too; ``--out OUT --resume`` keeps OUT's finished runs
+and continues its unfinished ones from their checkpoints (a paper-scale table is hours of runs).
+``--report-only`` re-reads OUT.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -78,20 +80,38 @@ def inline_loop(prep: Any, device: str | None = None) -> Any:
 
 
 def run_inline(
-    prep: Any, on_round: Callable[[dict], None] | None = None, device: str | None = None
+    prep: Any,
+    on_round: Callable[[dict], None] | None = None,
+    device: str | None = None,
+    out_dir: Path | None = None,
+    resume: bytes | None = None,
 ) -> dict[str, Any]:
-    """All rounds of ``inline_loop``: the result dict of ``runtime.session.run_session``."""
+    """The remaining rounds of ``inline_loop``: the result dict of ``runtime.session.run_session``,
+    whose files it writes too: with ``out_dir``, metrics.parquet and a checkpoint (every
+    ``runtime.checkpoint_every`` rounds) as rounds finish, so a paper-scale run that stops loses
+    at most those rounds; ``resume`` is a checkpoint to continue from (the same format as a Ray
+    run's, so either can continue the other)."""
     import torch
+
+    from raysim.runtime.checkpoint import checkpoint_due, save_checkpoint, write_partial_metrics
 
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
+    cfg = prep.cfg
     try:
         loop = inline_loop(prep, device)
-        for _ in range(prep.cfg.rounds):
+        done = loop.restore(resume)[0] if resume is not None else 0
+        while done < cfg.rounds:
             row = loop.step()
+            done += 1
+            last = done == cfg.rounds or bool(row.get("early_stopped"))
+            if out_dir is not None:
+                if checkpoint_due(cfg.runtime.checkpoint_every, done, last):
+                    save_checkpoint(out_dir, loop.snapshot())
+                write_partial_metrics(out_dir, loop.history)
             if on_round:
                 on_round(row)
-            if row.get("early_stopped"):
+            if last:
                 break
     finally:
         torch.set_num_threads(threads)
@@ -103,28 +123,6 @@ def run_inline(
         "gpus_per_worker": 1.0 if on_gpu else 0.0,
         "wall_seconds": time.perf_counter() - t0,
     }
-
-
-def run_one(prep: Any, out: Path, inline: bool, overwrite: bool = False) -> None:
-    """One run, with the progress bar ``raysim run`` shows (inline too: a long run must show
-    that it moves, and how fast)."""
-    from raysim.cli import _progress
-    from raysim.metrics.results import write_results
-
-    bar, update = _progress(prep.cfg, f"{prep.cfg.algorithm.name} seed {prep.cfg.seed}")
-    try:
-        if inline:
-            if overwrite and out.is_dir():
-                import shutil
-
-                shutil.rmtree(out)
-            write_results(out, prep, run_inline(prep, on_round=update))
-        else:
-            from raysim.experiment import run_prepared
-
-            run_prepared(prep, out, on_round=update, overwrite=overwrite)
-    finally:
-        bar.close()
 
 
 # ------------------------------------------------------------------------------- the table
@@ -212,6 +210,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--report-only", action="store_true", help="only re-read OUT's runs")
     p.add_argument("--overwrite", action="store_true", help="replace runs already in OUT")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --out: keep OUT's finished runs, continue its unfinished ones from their "
+        "checkpoints, start the missing ones",
+    )
     return p
 
 
@@ -234,15 +238,17 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         for a in algorithms
         for s in seeds
     ]
+    if args.resume and (args.overwrite or not args.out):
+        raise ConfigError(
+            "--resume: continues the runs in --out DIR; give --out, and not --overwrite"
+        )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / f"compare-{configs[0].name}-{stamp}"
     failed: list[str] = []
     if not args.report_only:
-        from raysim.rundir import check_target
-
-        for cfg in configs:  # never overwrite results unasked, and refuse before anything runs
-            check_target(out / cfg.algorithm.name / f"seed{cfg.seed}", args.overwrite)
-        failed = run_all(configs, out, args.inline, args.overwrite, args.jobs)
+        # never overwrite results unasked, and refuse before anything runs
+        jobs = [_job(cfg, out, args.overwrite, args.resume) for cfg in configs]
+        failed = run_all([j for j in jobs if j], out, args.inline, args.overwrite, args.jobs)
     runs = collect(out)
     text = table(runs, algorithms)
     out.mkdir(parents=True, exist_ok=True)
@@ -253,6 +259,59 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         print(f"raysim compare: failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _job(cfg: Any, out: Path, overwrite: bool, resume: bool) -> Job | None:
+    """The run to do for ``cfg`` under OUT: None if ``resume`` finds it finished, a continuation
+    if it finds it unfinished (refused if it was started with other settings)."""
+    from raysim import rundir
+    from raysim.config import dump_config
+
+    target = out / cfg.algorithm.name / f"seed{cfg.seed}"
+    stage = rundir.staging_dir(target)
+    label = f"{cfg.algorithm.name} seed {cfg.seed}"
+    if not resume:
+        if stage.is_dir() and not overwrite:
+            raise ConfigError(
+                f"an unfinished run is in {str(stage)!r}: continue OUT's unfinished runs by "
+                "adding --resume to this command, or pass --overwrite to start over"
+            )
+        rundir.check_target(target, overwrite)
+        return Job(cfg, False)
+    if not stage.is_dir():
+        if (target / "summary.json").is_file():
+            print(f"raysim compare: {label}: finished, kept ({target})", file=sys.stderr)
+            return None
+        rundir.check_target(target, overwrite=False)  # anything else there: refused
+        return Job(cfg, False)
+    saved = load_config(stage / "config.yaml") if (stage / "config.yaml").is_file() else None
+    changed = _changed_keys(dump_config(saved), dump_config(cfg)) if saved else []
+    if changed:
+        raise ConfigError(
+            f"--resume: {label} in {str(stage)!r} was started with other settings "
+            f"({', '.join(changed)}): use the same config and --set values, or another --out"
+        )
+    done = rundir.unfinished(stage)
+    print(
+        f"raysim compare: {label}: continuing after round {done.rounds_done if done else 0}",
+        file=sys.stderr,
+    )
+    return Job(cfg, True)
+
+
+def _changed_keys(a: str, b: str) -> list[str]:
+    """Dotted keys whose values differ between two dumped configs, ``runtime`` aside (how a run
+    is executed does not change its numbers)."""
+    import yaml
+
+    def flat(d: Any, prefix: str = "") -> dict[str, Any]:
+        if not isinstance(d, dict):
+            return {prefix[:-1]: d}
+        return {k: v for key, val in d.items() for k, v in flat(val, f"{prefix}{key}.").items()}
+
+    fa, fb = flat(yaml.safe_load(a)), flat(yaml.safe_load(b))
+    keys = (set(fa) | set(fb)) - {k for k in set(fa) | set(fb) if k.startswith("runtime.")}
+    return sorted(k for k in keys if fa.get(k) != fb.get(k))
 
 
 def for_algorithm(cfg: Any, quiet: bool = False) -> Any:
@@ -276,20 +335,28 @@ def for_algorithm(cfg: Any, quiet: bool = False) -> Any:
     return build_config(raw)
 
 
+class Job(NamedTuple):
+    cfg: Any
+    resuming: bool  # continue the run's staging directory (from its checkpoint, if any)
+
+
 def run_all(
-    configs: list[Any], out: Path, inline: bool, overwrite: bool = False, jobs: int = 1
+    jobs: list[Job], out: Path, inline: bool, overwrite: bool = False, parallel: int = 1
 ) -> list[str]:
-    """Every run, one after another (or ``jobs`` inline runs at once); the runs that failed."""
-    if inline and jobs > 1:
-        return _run_parallel(configs, out, overwrite, jobs)
+    """Every run, one after another (or ``parallel`` inline runs at once); the runs that
+    failed."""
+    if not jobs:
+        return []
+    if inline and parallel > 1:
+        return _run_parallel(jobs, out, overwrite, parallel)
     started = False
     if not inline:  # one Ray for all the runs, not one start per run
         from raysim.runtime.session import ensure_ray
 
-        started = ensure_ray(configs[0].runtime)
+        started = ensure_ray(jobs[0].cfg.runtime)
     try:
-        for cfg in configs:
-            _run_job(cfg, out, inline, overwrite)
+        for job in jobs:
+            _run_job(job, out, inline, overwrite)
     finally:
         if started:
             import ray
@@ -298,14 +365,28 @@ def run_all(
     return []
 
 
-def _run_job(cfg: Any, out: Path, inline: bool, overwrite: bool) -> None:
+def _run_job(job: Job, out: Path, inline: bool, overwrite: bool) -> None:
     from algorithms import Environment, get_algorithm
+    from raysim.cli import run_one
     from raysim.experiment import prepare
+    from raysim.rundir import staging_dir
+    from raysim.runtime.checkpoint import load_checkpoint
 
+    cfg = job.cfg
     prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
     run_dir = out / cfg.algorithm.name / f"seed{cfg.seed}"
+    blob = load_checkpoint(staging_dir(run_dir)) if job.resuming else None
     t0 = time.perf_counter()
-    run_one(prep, run_dir, inline, overwrite)
+    # a paper-scale inline run takes hours: it writes checkpoints as a Ray run does
+    run_one(
+        prep,
+        run_dir,
+        resume=blob,
+        overwrite=overwrite,
+        resuming=job.resuming,
+        session=run_inline if inline else None,
+        label=f"{cfg.algorithm.name} seed {cfg.seed}",
+    )
     print(
         f"{cfg.algorithm.name} seed {cfg.seed}: {time.perf_counter() - t0:.0f} s -> {run_dir}",
         file=sys.stderr,
@@ -313,16 +394,16 @@ def _run_job(cfg: Any, out: Path, inline: bool, overwrite: bool) -> None:
     )
 
 
-def _run_parallel(configs: list[Any], out: Path, overwrite: bool, jobs: int) -> list[str]:
-    """Inline runs in ``jobs`` fresh (spawned: CUDA cannot be forked) processes. A run that
+def _run_parallel(jobs: list[Job], out: Path, overwrite: bool, parallel: int) -> list[str]:
+    """Inline runs in ``parallel`` fresh (spawned: CUDA cannot be forked) processes. A run that
     fails is named, the others go on."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     failed = []
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(min(jobs, len(configs)), mp_context=context) as pool:
-        futures = {pool.submit(_run_job, cfg, out, True, overwrite): cfg for cfg in configs}
+    with ProcessPoolExecutor(min(parallel, len(jobs)), mp_context=context) as pool:
+        futures = {pool.submit(_run_job, job, out, True, overwrite): job.cfg for job in jobs}
         for future in as_completed(futures):
             cfg = futures[future]
             try:

@@ -211,12 +211,15 @@ def run_prepared(
     resume: bytes | None = None,
     overwrite: bool = False,
     resuming: bool | None = None,
+    session: Callable[..., dict] | None = None,
 ):
     """Run and write the results into ``OUT.incomplete`` (config.yaml first, metrics.parquet and
     the checkpoint as rounds finish), then move it to ``out_dir`` (raysim.rundir). A run that
     stops is marked in its status.json and `raysim run --resume out_dir` continues it; an
     existing ``out_dir`` is refused unless ``overwrite`` (ConfigError). ``resuming`` (default:
-    a checkpoint is given) continues the existing staging directory."""
+    a checkpoint is given) continues the existing staging directory. ``session`` runs the rounds
+    (default: ``runtime.session.run_session``, on Ray; ``raysim compare --inline`` passes its
+    in-process loop), called as ``session(prep, on_round=, out_dir=, resume=)``."""
     from raysim import rundir
     from raysim.config import dump_config
     from raysim.metrics.results import write_results
@@ -230,7 +233,7 @@ def run_prepared(
         resume=resume is not None if resuming is None else resuming,
     )
     try:
-        results = run_session(prep, on_round=on_round, out_dir=stage, resume=resume)
+        results = (session or run_session)(prep, on_round=on_round, out_dir=stage, resume=resume)
         write_results(stage, prep, results)
     except ConfigError as exc:  # refused before a round ran (e.g. workers that cannot fit)
         if not (stage / "metrics.parquet").exists() and resume is None:

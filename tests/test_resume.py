@@ -9,7 +9,7 @@ from conftest import small_config
 
 from algorithms import Environment, get_algorithm
 from raysim.cli import main
-from raysim.config import load_config
+from raysim.config import dump_config, load_config
 from raysim.experiment import prepare, run_prepared
 from raysim.rundir import staging_dir, unfinished
 from raysim.runtime.checkpoint import CHECKPOINT
@@ -90,3 +90,74 @@ def test_killed_coordinator_restarts_from_its_checkpoint(whole, tmp_path):
 def test_resume_needs_a_run_directory(tmp_path, capsys):
     assert main(["run", "--resume", str(tmp_path / "nothing")]) == 2
     assert "config.yaml" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- raysim compare, inline too
+
+
+def _compare_argv(tmp_path, out, *sets):
+    """`raysim compare` of the module's run (ifca, seed 0; its config written out), inline, into
+    tmp_path/out."""
+    config = tmp_path / "ifca.yaml"
+    config.write_text(dump_config(_prep().cfg))
+    argv = [str(config), "--inline", "--out", str(tmp_path / out)]
+    argv += ["--algorithms", "ifca", "--seeds", "0"]
+    for s in sets:
+        argv += ["--set", s]
+    return argv
+
+
+def test_inline_run_killed_resumes_on_ray_to_identical_results(whole, tmp_path):
+    """An inline run writes the checkpoints a Ray run writes, in the same format: one that died
+    after round 2 is continued by `raysim run --resume` (on Ray) to the uninterrupted Ray run's
+    files."""
+    from raysim.compare import run_inline
+
+    died = tmp_path / "died"
+
+    def die_after_round_2(row):
+        if row["round"] == 2:
+            raise DriverDied
+
+    with pytest.raises(DriverDied):
+        run_prepared(_prep(), died, on_round=die_after_round_2, session=run_inline)
+    state = unfinished(died)
+    assert (state.status, state.rounds_done) == ("failed", 2)
+    assert (staging_dir(died) / CHECKPOINT).is_file()
+    assert main(["run", "--resume", str(died)]) == 0
+    _assert_same(whole, died)
+
+
+def test_compare_resume_continues_keeps_and_refuses(whole, tmp_path, capsys):
+    """`raysim compare --out OUT --resume`: an unfinished inline run is continued from its
+    checkpoint to the uninterrupted run's files; a finished one is kept as it is; a run begun
+    with other settings, or an unfinished one met without --resume, is refused."""
+    from raysim.compare import main as compare_main
+    from raysim.compare import run_inline
+
+    out = tmp_path / "table"
+    run_dir = out / "ifca" / "seed0"
+
+    def die_after_round_1(row):
+        if row["round"] == 1:
+            raise DriverDied
+
+    with pytest.raises(DriverDied):
+        run_prepared(_prep(), run_dir, on_round=die_after_round_1, session=run_inline)
+    assert compare_main(_compare_argv(tmp_path, "table")) == 2  # not resumed unasked
+    assert "--resume" in capsys.readouterr().err
+    changed = _compare_argv(tmp_path, "table", "training.lr=0.05")
+    assert compare_main([*changed, "--resume"]) == 2
+    assert "training.lr" in capsys.readouterr().err
+    assert (staging_dir(run_dir) / CHECKPOINT).is_file()  # the refusals lost nothing
+
+    assert compare_main([*_compare_argv(tmp_path, "table"), "--resume"]) == 0
+    assert "continuing after round 1" in capsys.readouterr().err
+    assert not staging_dir(run_dir).exists()
+    _assert_same(whole, run_dir)
+
+    summary = (run_dir / "summary.json").stat().st_mtime_ns
+    assert compare_main([*_compare_argv(tmp_path, "table"), "--resume"]) == 0
+    assert "finished, kept" in capsys.readouterr().err
+    assert (run_dir / "summary.json").stat().st_mtime_ns == summary
+    assert compare_main([*_compare_argv(tmp_path, "other"), "--resume", "--overwrite"]) == 2

@@ -22,6 +22,12 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def checkpoint_due(every: int, done: int, last: bool) -> bool:
+    """Whether the round just done gets a checkpoint: every ``every`` rounds (0: never) and the
+    last one, so a finished run's staging directory always holds its final state."""
+    return bool(every) and (done % every == 0 or last)
+
+
 def save_checkpoint(run_dir: Path, blob: bytes) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     _atomic_write(run_dir / CHECKPOINT, blob)

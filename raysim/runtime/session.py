@@ -18,7 +18,7 @@ from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raysim.config import RuntimeConfig
-from raysim.runtime.checkpoint import save_checkpoint, write_partial_metrics
+from raysim.runtime.checkpoint import checkpoint_due, save_checkpoint, write_partial_metrics
 from raysim.runtime.coordinator import Coordinator, trains_in_coordinator, worker_factory
 from raysim.runtime.local_ray import start_local_ray
 from raysim.runtime.resources import check_cluster
@@ -141,9 +141,7 @@ def run_session(
                 done += 1
                 rows.append(row)
                 every, last = rt.checkpoint_every, done == cfg.rounds or row.get("early_stopped")
-                snap = (
-                    coordinator.snapshot.remote() if every and (done % every == 0 or last) else None
-                )
+                snap = coordinator.snapshot.remote() if checkpoint_due(every, done, last) else None
                 if not last:  # the next round starts now; the actor runs the snapshot first
                     pending = coordinator.step.remote()
                 if snap is not None:
