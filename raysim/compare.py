@@ -158,6 +158,7 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
         row["epsilon_spent"] = s.get("epsilon")
         row["warning"] = s.get("warning")
         row["privacy_mode"] = s.get("privacy_mode")
+        row["rounds_seconds"] = s.get("rounds_seconds")
         runs.setdefault(run_dir.parent.name, []).append(row)
     return runs
 
@@ -166,7 +167,7 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
     """Markdown: accuracies in %, mean ± std over seeds; clustering success as k/n seeds."""
     names = [a for a in (order or runs) if a in runs]
     head = ["algorithm", "seeds", "rounds"] + [c for c, _ in ACCURACY_COLUMNS]
-    head += ["ARI=1 after r1", "ARI=1 at end", "eps spent", "M", "MSS", "E_c"]
+    head += ["ARI=1 after r1", "ARI=1 at end", "eps spent", "M", "MSS", "E_c", "min/run"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for a in names:
         rs = runs[a]
@@ -186,10 +187,12 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
         cells.append(_mean_std([r.get("gmm_mss") for r in rs], scale=1.0))
         ecs = [r.get("switch_round") for r in rs if r.get("switch_round") is not None]
         cells.append(",".join(str(int(e)) for e in ecs) if ecs else "-")
+        cells.append(_mean_std([r.get("rounds_seconds") for r in rs], scale=1 / 60))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append(
         "\nAccuracies in % (mean, and std over seeds when more than one); "
-        "eps spent: the largest per-client eps."
+        "eps spent: the largest per-client eps; min/run: minutes of rounds per run (summed "
+        "over its rounds, across resumes)."
     )
     return "\n".join(lines)
 

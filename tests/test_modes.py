@@ -311,7 +311,7 @@ def _files(run: Path) -> dict:
         table.pop("round_seconds", None)
         out[name] = table
     summary = json.loads((run / "summary.json").read_text())
-    for volatile in ("wall_seconds", "workers", "gpus_per_worker"):
+    for volatile in ("wall_seconds", "rounds_seconds", "workers", "gpus_per_worker"):
         summary.pop(volatile)
     summary["final"].pop("round_seconds")
     out["summary"] = summary

@@ -3,6 +3,8 @@ same files as one that never stopped (timings aside)."""
 
 from __future__ import annotations
 
+import json
+
 import pyarrow.parquet as pq
 import pytest
 from conftest import small_config
@@ -155,6 +157,12 @@ def test_compare_resume_continues_keeps_and_refuses(whole, tmp_path, capsys):
     assert "continuing after round 1" in capsys.readouterr().err
     assert not staging_dir(run_dir).exists()
     _assert_same(whole, run_dir)
+    # the run's cost counts the round done before it died (wall_seconds: since resuming)
+    seconds = pq.read_table(run_dir / "metrics.parquet").column("round_seconds").to_pylist()
+    assert len(seconds) == ROUNDS
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds_seconds"] == pytest.approx(sum(seconds))
+    assert "min/run" in (out / "compare.md").read_text()
 
     summary = (run_dir / "summary.json").stat().st_mtime_ns
     assert compare_main([*_compare_argv(tmp_path, "table"), "--resume"]) == 0

@@ -96,7 +96,9 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
             **prep.privacy_summary,
         },
         "diagnostics": diagnostics_summary(history),
-        "wall_seconds": results["wall_seconds"],
+        "wall_seconds": results["wall_seconds"],  # this process's (a resumed run: since resuming)
+        # the rounds' own time, summed over every round, resumed or not: what a run costs
+        "rounds_seconds": sum(row.get("round_seconds", 0.0) for row in history),
         "workers": len(results.get("workers", [])),
         "gpus_per_worker": results.get("gpus_per_worker"),
         "workers_replaced": results.get("workers_replaced", 0),
