@@ -254,6 +254,13 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         failed = run_all([j for j in jobs if j], out, args.inline, args.overwrite, args.jobs)
     runs = collect(out)
     text = table(runs, algorithms)
+    from raysim.rundir import find_runs
+
+    unfinished = find_runs(out)[1] if out.is_dir() else []
+    if unfinished:  # a table of a campaign part done must say so, and how it goes on
+        text += "\n\nNot in the table, unfinished (continue them: `raysim compare` with this "
+        text += "--out and --resume):"
+        text += "".join(f"\n- {u.path}: after round {u.rounds_done}" for u in unfinished)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(text + "\n")
     (out / "compare.json").write_text(json.dumps(runs, indent=1, default=str))

@@ -148,6 +148,8 @@ def test_compare_resume_continues_keeps_and_refuses(whole, tmp_path, capsys):
         run_prepared(_prep(), run_dir, on_round=die_after_round_1, session=run_inline)
     assert compare_main(_compare_argv(tmp_path, "table")) == 2  # not resumed unasked
     assert "--resume" in capsys.readouterr().err
+    assert compare_main([*_compare_argv(tmp_path, "table"), "--report-only"]) == 0
+    assert f"{staging_dir(run_dir)}: after round 1" in capsys.readouterr().out
     changed = _compare_argv(tmp_path, "table", "training.lr=0.05")
     assert compare_main([*changed, "--resume"]) == 2
     assert "training.lr" in capsys.readouterr().err
