@@ -405,23 +405,47 @@ def _run_job(job: Job, out: Path, inline: bool, overwrite: bool) -> None:
 
 
 def _run_parallel(jobs: list[Job], out: Path, overwrite: bool, parallel: int) -> list[str]:
-    """Inline runs in ``parallel`` fresh (spawned: CUDA cannot be forked) processes. A run that
-    fails is named, the others go on."""
+    """Inline runs, ``parallel`` at a time, each in a fresh process (spawned: CUDA cannot be
+    forked). A run that fails is named, the others go on. Ctrl-C stops every run (each marks
+    its run interrupted, resumable) and starts no other: a process pool would have gone on to
+    the queued runs."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing.connection import wait
 
-    failed = []
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(min(parallel, len(jobs)), mp_context=context) as pool:
-        futures = {pool.submit(_run_job, job, out, True, overwrite): job.cfg for job in jobs}
-        for future in as_completed(futures):
-            cfg = futures[future]
-            try:
-                future.result()
-            except Exception as exc:  # noqa: BLE001 - reported, the other runs go on
-                failed.append(f"{cfg.algorithm.name} seed {cfg.seed}")
-                print(f"{failed[-1]} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    queue, running, failed = list(jobs), {}, []
+    try:
+        while queue or running:
+            while queue and len(running) < parallel:
+                job = queue.pop(0)
+                proc = context.Process(target=_run_job_apart, args=(job, out, overwrite))
+                proc.start()
+                running[proc.sentinel] = (proc, job)
+            for sentinel in wait(list(running)):
+                proc, job = running.pop(sentinel)
+                proc.join()
+                if proc.exitcode != 0:
+                    failed.append(f"{job.cfg.algorithm.name} seed {job.cfg.seed}")
+    except KeyboardInterrupt:
+        for proc, _ in running.values():  # they had the same Ctrl-C: let them write their state
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.terminate()
+        raise
     return failed
+
+
+def _run_job_apart(job: Job, out: Path, overwrite: bool) -> None:
+    """``_run_job`` as a process's whole work: a failure is reported in one line and the exit
+    code, an interruption quietly (the run's status says it)."""
+    try:
+        _run_job(job, out, True, overwrite)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - reported, the other runs go on
+        label = f"{job.cfg.algorithm.name} seed {job.cfg.seed}"
+        print(f"{label} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

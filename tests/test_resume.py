@@ -4,6 +4,7 @@ same files as one that never stopped (timings aside)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -171,3 +172,37 @@ def test_compare_resume_continues_keeps_and_refuses(whole, tmp_path, capsys):
     assert "finished, kept" in capsys.readouterr().err
     assert (run_dir / "summary.json").stat().st_mtime_ns == summary
     assert compare_main([*_compare_argv(tmp_path, "other"), "--resume", "--overwrite"]) == 2
+
+
+def test_ctrl_c_stops_every_parallel_inline_run_and_starts_no_other(tmp_path):
+    """Ctrl-C on `raysim compare --inline --jobs 2` with six runs: the two running ones are
+    marked interrupted (resumable), no other starts, and the command exits 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    sets = small_config(**{"rounds": 500, "data.samples_per_client": 40})
+    out = tmp_path / "table"
+    argv = [str(Path(__file__).parents[1] / "raysim" / "demo.yaml"), "--inline", "--jobs", "2"]
+    argv += ["--algorithms", "fedavg,local,ifca", "--seeds", "0,1", "--out", str(out)]
+    for s in sets:
+        argv += ["--set", s]
+    code = "import sys; from raysim.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "compare", *argv],
+        start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started = [staging_dir(out / "fedavg" / f"seed{s}") / "metrics.parquet" for s in (0, 1)]
+    deadline = time.monotonic() + 240
+    while not all(p.is_file() for p in started):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=90) == 130
+    for seed in (0, 1):
+        assert unfinished(out / "fedavg" / f"seed{seed}").status == "interrupted"
+    assert not (out / "local").exists() and not (out / "ifca").exists()  # none started after
