@@ -301,11 +301,8 @@ def _job(cfg: Any, out: Path, overwrite: bool, resume: bool) -> Job | None:
             f"--resume: {label} in {str(stage)!r} was started with other settings "
             f"({', '.join(changed)}): use the same config and --set values, or another --out"
         )
-    done = rundir.unfinished(stage)
-    print(
-        f"raysim compare: {label}: continuing after round {done.rounds_done if done else 0}",
-        file=sys.stderr,
-    )
+    done = rundir.unfinished(stage).rounds_done  # a staging directory: never None
+    print(f"raysim compare: {label}: continuing after round {done}", file=sys.stderr)
     return Job(cfg, True)
 
 
@@ -320,7 +317,7 @@ def _changed_keys(a: str, b: str) -> list[str]:
         return {k: v for key, val in d.items() for k, v in flat(val, f"{prefix}{key}.").items()}
 
     fa, fb = flat(yaml.safe_load(a)), flat(yaml.safe_load(b))
-    keys = (set(fa) | set(fb)) - {k for k in set(fa) | set(fb) if k.startswith("runtime.")}
+    keys = {k for k in fa.keys() | fb.keys() if not k.startswith("runtime.")}
     return sorted(k for k in keys if fa.get(k) != fb.get(k))
 
 
