@@ -26,7 +26,12 @@ import torch
 
 from raysim import privacy as privacy_lib
 from raysim.config import ExperimentConfig
-from raysim.metrics.evaluation import clustering_accuracy, grouping_metrics, round_metrics
+from raysim.metrics.evaluation import (
+    clustering_accuracy,
+    clustering_metrics,
+    grouping_metrics,
+    round_metrics,
+)
 from raysim.privacy.metric_ledger import MetricLedger
 from raysim.protocol import ClientTask, EvalReport, RoundPlan
 from raysim.seeding import SERVER, numpy_rng
@@ -150,11 +155,12 @@ class RoundLoop:
         grouping = algo.round_grouping(self.state)
         if grouping is not None:
             row.update(grouping_metrics(self.true_clusters, choices, grouping))
+        # Every round, not only where the clients are evaluated: the assignment is the server's
+        # and costs no evaluation (R-DPCFL's "ARI = 1 after round 1" with eval_every > 1).
+        row.update(clustering_metrics(self.true_clusters, algo.assignments(self.state)))
         if r % self.cfg.training.eval_every == 0 or r == self.cfg.rounds:
             self.last_eval = self.evaluate()
-            row.update(
-                round_metrics(self.last_eval, self.true_clusters, algo.assignments(self.state))
-            )
+            row.update(round_metrics(self.last_eval, self.true_clusters))
             if self._no_improvement(row["loss"]):
                 row["early_stopped"] = True
         row["epsilon"] = self.ledger.summary()["max_epsilon"]

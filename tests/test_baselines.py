@@ -160,6 +160,23 @@ def test_short_inline_run(name, tmp_path):
     assert name in text and "±" not in text  # one seed: no "± 0.00"
 
 
+@pytest.mark.parametrize("name", ["rdpcfl", "ifca"])
+def test_ari_every_round_even_between_evaluations(name):
+    """The assignment is the server's: its ARI needs no evaluation, so a run evaluated every
+    other round still reports round 1's (compare's "ARI=1 after r1")."""
+    from sklearn.metrics import adjusted_rand_score
+
+    cfg = load_config(
+        None, small_config(**{"algorithm.name": name, "rounds": 3, "training.eval_every": 2})
+    )
+    prep = prepare(cfg, get_algorithm(name), Environment)
+    res = run_inline(prep, device="cpu")
+    rows = res["history"]
+    assert ["accuracy" in r for r in rows] == [False, True, True]
+    assert all("ari" in r for r in rows)
+    assert rows[-1]["ari"] == pytest.approx(adjusted_rand_score(prep.truth, res["assignments"]))
+
+
 def test_compare_cli_reports_finished_runs(tmp_path, capsys):
     from raysim.compare import main
 

@@ -9,7 +9,8 @@ Definitions (used in result files, `raysim report` and the comparison tables):
 - accuracy_min: the worst client's accuracy;
 - accuracy_disparity / loss_disparity: best minus worst client accuracy / loss;
 - ari: adjusted Rand index of the algorithm's assignment against the true clusters, and
-  clustered_correctly = (ari == 1), where the algorithm assigns clusters.
+  clustered_correctly = (ari == 1), where the algorithm assigns clusters: in every round, not
+  only the evaluated ones.
 """
 
 from __future__ import annotations
@@ -96,11 +97,7 @@ def diagnostics_summary(history: Sequence[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def round_metrics(
-    reports: Sequence[EvalReport],
-    true_clusters: np.ndarray,
-    assigned: np.ndarray | None = None,
-) -> dict[str, Any]:
+def round_metrics(reports: Sequence[EvalReport], true_clusters: np.ndarray) -> dict[str, Any]:
     acc = np.array([r.accuracy for r in reports], dtype=float)
     loss = np.array([r.loss for r in reports], dtype=float)
     truth = true_clusters[[r.client_id for r in reports]]
@@ -118,5 +115,4 @@ def round_metrics(
     if minority is not None:
         out["accuracy_minority"] = float(np.mean(acc[truth == minority]))
         out["accuracy_majority"] = float(np.mean(acc[truth != minority]))
-    out.update(clustering_metrics(true_clusters, assigned))
     return out
