@@ -74,20 +74,60 @@ def _progress(cfg: ExperimentConfig, label: str):
     return bar, update
 
 
+class ProgressLines:
+    """A line now and then instead of a bar, for runs side by side in one terminal (`compare
+    --jobs N`: N bars would garble it) that take hours: each must still show that it moves, how
+    fast, and how long it has left."""
+
+    def __init__(self, cfg: ExperimentConfig, label: str, every: float = 60.0):
+        self.cfg, self.label, self.every = cfg, label, every
+        self.last = time.monotonic()
+        self.seconds: list[float] = []  # this process's rounds (a resumed run's first is later)
+        self.evaluated: tuple[int, float] | None = None
+
+    def update(self, row: dict[str, Any]) -> None:
+        self.seconds.append(float(row.get("round_seconds", 0.0)))
+        if "accuracy" in row:
+            self.evaluated = (row["round"], row["accuracy"])
+        done, total = row["round"], self.cfg.rounds
+        quiet = time.monotonic() - self.last < self.every and done < total
+        if quiet or not self.cfg.runtime.progress:
+            return
+        self.last = time.monotonic()
+        per_round = sum(self.seconds) / len(self.seconds)
+        parts = [f"{self.label}: round {done}/{total}", f"{per_round:.1f} s/round"]
+        if self.evaluated is not None:
+            parts.append(f"accuracy {100 * self.evaluated[1]:.1f}% at round {self.evaluated[0]}")
+        if self.cfg.privacy.mode != "none":
+            parts.append(f"eps {row['epsilon']:.2f}")
+        if done < total:
+            parts.append(f"~{(total - done) * per_round / 60:.0f} min left")
+        print(", ".join(parts), file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
 def run_one(
     prep: Any,
     out: Path,
     resume: bytes | None = None,
     overwrite: bool = False,
     label: str | None = None,
+    lines: bool = False,
     **kw: Any,
 ) -> None:
-    """``run_prepared`` with a progress bar (a long run must show that it moves, and how fast);
-    ``kw``: its other options."""
+    """``run_prepared`` with a progress bar, or with ``lines`` a line a minute (a long run must
+    show that it moves, and how fast); ``kw``: its other options."""
     from raysim.experiment import run_prepared
 
     cfg = prep.cfg
-    bar, update = _progress(cfg, label or cfg.algorithm.name)
+    label = label or cfg.algorithm.name
+    if lines:
+        bar = ProgressLines(cfg, label)
+        update = bar.update
+    else:
+        bar, update = _progress(cfg, label)
     try:
         run_prepared(prep, out, on_round=update, resume=resume, overwrite=overwrite, **kw)
     finally:

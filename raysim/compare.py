@@ -234,8 +234,6 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         msg = f"--jobs: expected 1, or a count above 1 with --inline; got {args.jobs}"
         raise ConfigError(msg + ("" if args.inline else " without --inline"))
     sets = list(args.set or [])
-    if args.jobs > 1:  # one progress bar per process would garble the terminal
-        sets.append("runtime.progress=false")
     configs = [
         for_algorithm(load_config(args.config, sets + [f"algorithm.name={a}", f"seed={s}"]))
         for a in algorithms
@@ -372,7 +370,7 @@ def run_all(
     return []
 
 
-def _run_job(job: Job, out: Path, inline: bool, overwrite: bool) -> None:
+def _run_job(job: Job, out: Path, inline: bool, overwrite: bool, lines: bool = False) -> None:
     from algorithms import Environment, get_algorithm
     from raysim.cli import run_one
     from raysim.experiment import prepare
@@ -393,6 +391,7 @@ def _run_job(job: Job, out: Path, inline: bool, overwrite: bool) -> None:
         resuming=job.resuming,
         session=run_inline if inline else None,
         label=f"{cfg.algorithm.name} seed {cfg.seed}",
+        lines=lines,
     )
     print(
         f"{cfg.algorithm.name} seed {cfg.seed}: {time.perf_counter() - t0:.0f} s -> {run_dir}",
@@ -436,7 +435,7 @@ def _run_job_apart(job: Job, out: Path, overwrite: bool) -> None:
     """``_run_job`` as a process's whole work: a failure is reported in one line and the exit
     code, an interruption quietly (the run's status says it)."""
     try:
-        _run_job(job, out, True, overwrite)
+        _run_job(job, out, True, overwrite, lines=True)  # runs side by side: no bars
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - reported, the other runs go on

@@ -224,7 +224,7 @@ class RuntimeConfig(_Section):
     # actors), where that is allowed: a trusted server, CPU only, shared workers, not in a Tune
     # trial (runtime/coordinator.py). false: every shard on its own worker actor.
     coordinator_trains: bool = True
-    progress: bool = True
+    progress: bool = True  # a bar per run; side by side (compare --jobs N), a line a minute
     round_timeout_s: float = Field(3600.0, gt=0)
     checkpoint_every: int = Field(1, ge=0)  # rounds between checkpoints; 0: none
     max_coordinator_restarts: int = Field(3, ge=0)  # from the last checkpoint, in one session

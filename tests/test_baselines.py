@@ -192,19 +192,24 @@ def test_compare_cli_reports_finished_runs(tmp_path, capsys):
     assert main([*argv[:3], "--seeds", "x", "--report-only"]) == 2
 
 
-def test_compare_inline_jobs_run_in_parallel_with_the_same_numbers(tmp_path, capsys):
-    """--jobs 2 runs the inline runs in two processes: the same final numbers as one by one."""
+def test_compare_inline_jobs_run_in_parallel_with_the_same_numbers(tmp_path, capfd):
+    """--jobs 2 runs the inline runs in two processes: the same final numbers as one by one,
+    and a progress line from each (not a bar each)."""
     import json
 
     from raysim.compare import main
 
-    sets = small_config(**{"rounds": 2, "data.samples_per_client": 40})
+    sets = small_config(**{"rounds": 2, "data.samples_per_client": 40, "runtime.progress": "true"})
     argv = [str(Path(__file__).parents[1] / "raysim" / "demo.yaml"), "--inline"]
     argv += ["--algorithms", "fedavg,local", "--seeds", "0"]
     for s in sets:
         argv += ["--set", s]
     assert main([*argv, "--out", str(tmp_path / "one")]) == 0
+    capfd.readouterr()
     assert main([*argv, "--out", str(tmp_path / "two"), "--jobs", "2"]) == 0
+    err = capfd.readouterr().err
+    assert "fedavg seed 0: round 2/2, " in err and "local seed 0: round 2/2, " in err
+    assert "\r" not in err  # no bar
     for algorithm in ("fedavg", "local"):
         a, b = (
             json.loads((tmp_path / o / algorithm / "seed0" / "summary.json").read_text())["final"]
@@ -213,4 +218,4 @@ def test_compare_inline_jobs_run_in_parallel_with_the_same_numbers(tmp_path, cap
         assert a.pop("round_seconds") > 0 and b.pop("round_seconds") > 0
         assert a == b
     assert main([*argv, "--out", str(tmp_path / "x"), "--jobs", "0"]) == 2
-    assert "--jobs" in capsys.readouterr().err
+    assert "--jobs" in capfd.readouterr().err

@@ -123,3 +123,31 @@ def test_fixed_noise_over_budget_is_refused_before_start(mode, tmp_path, capsys)
     assert code == 2
     assert "privacy.epsilon=1" in err and "privacy.noise_multiplier=0.3" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_progress_lines_say_round_rate_accuracy_and_time_left(capsys):
+    """compare --jobs N: each run reports in lines, at most one a minute and always the last."""
+    from raysim.cli import ProgressLines
+    from raysim.config import load_config
+
+    cfg = load_config(None, small_config(rounds=4, **{"runtime.progress": "true"}))
+    lines = ProgressLines(cfg, "fedavg seed 3", every=3600)
+    rows = [
+        {"round": 1, "round_seconds": 30.0, "epsilon": 0.5},
+        {"round": 2, "round_seconds": 50.0, "epsilon": 0.7, "accuracy": 0.5234},
+        {"round": 3, "round_seconds": 40.0, "epsilon": 0.9},
+        {"round": 4, "round_seconds": 40.0, "epsilon": 1.1, "accuracy": 0.61},
+    ]
+    for row in rows[:3]:
+        lines.update(row)
+    assert capsys.readouterr().err == ""  # within the minute: quiet
+    lines.every = 0
+    lines.update({"round": 3, "round_seconds": 40.0, "epsilon": 0.9})
+    assert capsys.readouterr().err == (
+        "fedavg seed 3: round 3/4, 40.0 s/round, accuracy 52.3% at round 2, eps 0.90, ~1 min left\n"
+    )
+    lines.every = 3600
+    lines.update(rows[3])  # the last round, however soon
+    assert capsys.readouterr().err.startswith(
+        "fedavg seed 3: round 4/4, 40.0 s/round, accuracy 61.0%"
+    )
