@@ -67,12 +67,13 @@ CASES: dict[str, tuple[list[str], bool]] = {
     "raysim compare configs/rdpcfl_fmnist_rotation.yaml --algorithms rdpcfl,ifca,local,fedavg "
     "--seeds 0,1,2,3 --set rounds=18 --inline": (TINY_FMNIST, True),
     "raysim compare configs/rdpcfl_fmnist_rotation.yaml --inline --jobs 2 --algorithms rdpcfl "
-    "--seeds 0,1 --set training.eval_every=10 --out runs/e200-fmnist": (TINY_FMNIST, True),
-    "raysim compare configs/rdpcfl_fmnist_rotation.yaml --inline --jobs 2 --algorithms rdpcfl "
-    "--seeds 0,1 --set training.eval_every=10 --out runs/e200-fmnist --resume": (
+    "--seeds 0,1 --set training.eval_every=10 --out results/e200-fmnist --resume": (
         TINY_FMNIST,
         True,
     ),
+    "raysim compare configs/rdpcfl_fmnist_rotation.yaml --inline --jobs 2 "
+    "--algorithms ifca,fedavg,local --seeds 0,1 --set training.eval_every=10 "
+    "--set algorithm.num_clusters=4 --out results/e200-fmnist --resume": (TINY_FMNIST, True),
     "raysim sweep tune/sweeps/rdpcfl_eps_x_algorithm.yaml --out runs/sweep-eps [--num-samples N] "
     "[--scheduler asha] [--set rounds=6] [--max-concurrent 2]": (TINY_FMNIST, True),
     "raysim sweep tune/sweeps/rdpcfl_eps_x_algorithm.yaml --out runs/sweep-eps --resume": (
@@ -136,7 +137,7 @@ def _prepare(command: str, tmp: Path) -> None:
         (tmp / "tiny-sweep.yaml").write_text(yaml.safe_dump(sweep))
     if command.endswith("--resume") and "compare" in command:  # a table to keep
         first = command.removesuffix(" --resume")
-        assert main(_argv(first, tmp, CASES[first][0])) == 0
+        assert main(_argv(first, tmp, CASES[command][0])) == 0
     if command.endswith("--resume") and "sweep" in command:
         first = command.removesuffix(" --resume")
         assert (

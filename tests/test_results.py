@@ -1,0 +1,78 @@
+"""The runs committed under results/ (the README's E = 200 tables, built up over sessions): each
+one was made by the README's command with today's code and config, an unfinished one can still
+be continued from its checkpoint, and ``compare --report-only`` reads them all."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from raysim.compare import _changed_keys, compare_main, for_algorithm
+from raysim.config import dump_config, load_config
+from raysim.rounds import CHECKPOINT_FIELDS
+from raysim.rundir import SUFFIX, find_runs
+from raysim.runtime.checkpoint import load_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "results"
+# results/<folder>: the config of the README's command that writes it
+TABLES = {
+    "e200-fmnist": "configs/rdpcfl_fmnist_rotation.yaml",
+    "e200-mnist": "configs/rdpcfl_mnist_rotation.yaml",
+}
+
+
+def readme_sets(algorithm: str) -> list[str]:
+    """The README's --set values: rdpcfl picks M itself, the others are given the paper's 4."""
+    sets = ["training.eval_every=10"]
+    return sets if algorithm == "rdpcfl" else [*sets, "algorithm.num_clusters=4"]
+
+
+def committed_runs() -> list[Path]:
+    return sorted(p for t in TABLES for p in (RESULTS / t).glob("*/seed*") if p.is_dir())
+
+
+def test_every_results_folder_is_a_known_table():
+    folders = {p.name for p in RESULTS.iterdir() if p.is_dir()}
+    assert folders <= set(TABLES), f"add {sorted(folders - set(TABLES))} to TABLES"
+    assert committed_runs(), "results/ holds no run"
+
+
+@pytest.mark.parametrize("run_dir", committed_runs(), ids=lambda p: str(p.relative_to(RESULTS)))
+def test_committed_run_is_the_readme_command_and_can_go_on(run_dir):
+    algorithm, seed = run_dir.parent.name, int(re.match(r"seed(\d+)", run_dir.name)[1])
+    sets = [*readme_sets(algorithm), f"algorithm.name={algorithm}", f"seed={seed}"]
+    cfg = for_algorithm(load_config(REPO / TABLES[run_dir.parents[1].name], sets), quiet=True)
+    saved = load_config(run_dir / "config.yaml")
+    # what `compare --resume` checks before it keeps or continues a run
+    assert _changed_keys(dump_config(saved), dump_config(cfg)) == []
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    assert [r["round"] for r in rows] == list(range(1, len(rows) + 1))
+    if run_dir.name.endswith(SUFFIX):  # its checkpoint still loads with today's classes
+        snapshot = pickle.loads(load_checkpoint(run_dir))
+        assert set(snapshot) == set(CHECKPOINT_FIELDS) and snapshot["round"] == len(rows)
+    else:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert len(rows) == summary["rounds"] == saved.rounds
+        assert summary["final_accuracy"] == rows[-1]["accuracy"]
+        assert not (run_dir / "checkpoint.pkl").exists()  # results/.gitignore keeps it out
+
+
+@pytest.mark.parametrize("folder", [t for t in TABLES if (RESULTS / t).is_dir()])
+def test_report_only_reads_every_committed_run(folder, tmp_path, capsys):
+    out = tmp_path / folder
+    shutil.copytree(RESULTS / folder, out)
+    algorithms = sorted(p.name for p in out.iterdir() if p.is_dir())
+    argv = [str(REPO / TABLES[folder]), "--algorithms", ",".join(algorithms), "--out", str(out)]
+    assert compare_main([*argv, "--report-only"]) == 0
+    finished, unfinished = find_runs(out)
+    runs = json.loads((out / "compare.json").read_text())
+    assert sum(len(v) for v in runs.values()) == len(finished)
+    text = capsys.readouterr().out
+    assert all(f"{u.path}: after round {u.rounds_done}" in text for u in unfinished)
