@@ -159,6 +159,7 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
         row["warning"] = s.get("warning")
         row["privacy_mode"] = s.get("privacy_mode")
         row["rounds_seconds"] = s.get("rounds_seconds")
+        row["stretches"] = s.get("stretches")
         runs.setdefault(run_dir.parent.name, []).append(row)
     return runs
 
@@ -194,7 +195,34 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
         "eps spent: the largest per-client eps; min/run: minutes of rounds per run (summed "
         "over its rounds, across resumes)."
     )
+    for line in machines(runs, names):  # paragraphs of their own
+        lines += ["", line]
     return "\n".join(lines)
+
+
+def machines(runs: dict[str, list[dict[str, Any]]], names: Sequence[str]) -> list[str]:
+    """Which machine ran which rounds (rundir.machine), so that min/run is read against the CPU
+    that took it; runs written before the stretches were recorded are named as such."""
+    ran: dict[str, list[str]] = {}
+    unknown: list[str] = []
+    for a in names:
+        for r in sorted(runs[a], key=lambda r: r["seed"]):
+            stretches = r.get("stretches") or []
+            if not stretches:
+                unknown.append(f"{a} seed {r['seed']}")
+                continue
+            for i, st in enumerate(stretches):
+                end = stretches[i + 1]["from_round"] - 1 if i + 1 < len(stretches) else r["rounds"]
+                if end < st["from_round"]:  # a start that ran no round
+                    continue
+                where = f"{st.get('cpu')}, {st.get('cpus')} CPUs, torch {st.get('torch')}"
+                ran.setdefault(where, []).append(
+                    f"{a} seed {r['seed']} rounds {st['from_round']}-{end}"
+                )
+    out = [f"Ran on {where}: {'; '.join(what)}." for where, what in ran.items()]
+    if unknown:
+        out.append(f"Machine not recorded: {'; '.join(unknown)}.")
+    return out
 
 
 # ------------------------------------------------------------------------------------ CLI

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import time
 from dataclasses import dataclass
@@ -75,6 +76,39 @@ def write_status(stage: Path, **fields: object) -> None:
     os.replace(tmp, path)
 
 
+def machine() -> dict[str, object]:
+    """The machine this process runs on. A run's round times are only comparable on one machine,
+    and a run continued on another CPU (another oneDNN kernel, another summation order) is not
+    bit for bit the run it would have been: so each stretch of a run records where it ran. For
+    a run on a Ray cluster this is the driver's machine, not the workers'."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
+    except OSError:
+        pass
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = None
+    return {"host": platform.node(), "cpu": cpu, "cpus": os.cpu_count(), "torch": torch_version}
+
+
+def _stretch(stage: Path) -> dict[str, object]:
+    """Where this start of the run ran from: the first round it runs, when, and the machine."""
+    done = 0
+    if (stage / "metrics.parquet").is_file():
+        import pyarrow.parquet as pq
+
+        done = pq.read_metadata(stage / "metrics.parquet").num_rows
+    when = time.strftime("%Y-%m-%d %H:%M:%S")
+    return {"from_round": done + 1, "started": when, **machine()}
+
+
 def begin(out: Path, config_text: str, rounds: int, overwrite: bool, resume: bool) -> Path:
     """The staging directory to run in: a fresh one, or (``resume``) the existing one."""
     stage = staging_dir(out)
@@ -82,7 +116,14 @@ def begin(out: Path, config_text: str, rounds: int, overwrite: bool, resume: boo
         if not stage.is_dir():
             stage.mkdir(parents=True)
             (stage / "config.yaml").write_text(config_text)
-        write_status(stage, status="running", resumed=time.strftime("%Y-%m-%d %H:%M:%S"))
+        stretches = [*read_status(stage).get("stretches", []), _stretch(stage)]
+        write_status(
+            stage,
+            status="running",
+            resumed=time.strftime("%Y-%m-%d %H:%M:%S"),
+            pid=os.getpid(),
+            stretches=stretches,
+        )
         return stage
     check_target(out, overwrite)
     if stage.exists():
@@ -96,6 +137,7 @@ def begin(out: Path, config_text: str, rounds: int, overwrite: bool, resume: boo
         overwrite=overwrite,
         started=time.strftime("%Y-%m-%d %H:%M:%S"),
         pid=os.getpid(),
+        stretches=[_stretch(stage)],
     )
     return stage
 
@@ -106,7 +148,16 @@ def mark_interrupted(stage: Path, exc: BaseException) -> None:
 
 
 def commit(stage: Path, out: Path) -> None:
-    """Move the finished staging directory into place (rename; an old run is swapped out)."""
+    """Move the finished staging directory into place (rename; an old run is swapped out). The
+    status goes; where the run ran (its stretches) stays, in summary.json."""
+    stretches = read_status(stage).get("stretches")
+    summary = stage / "summary.json"
+    if stretches and summary.is_file():
+        data = json.loads(summary.read_text())
+        data["stretches"] = stretches
+        tmp = summary.with_name("summary.json.tmp")
+        tmp.write_text(json.dumps(data, indent=2, default=str))
+        os.replace(tmp, summary)
     (stage / STATUS).unlink(missing_ok=True)
     if out.exists():
         old = out.with_name(f"{out.name}.replaced-{os.getpid()}")

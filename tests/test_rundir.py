@@ -4,6 +4,7 @@ target and moved into place when complete, unfinished runs are marked and report
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from conftest import small_config
@@ -135,3 +136,47 @@ def test_compare_refuses_to_overwrite_its_runs(tmp_path, capsys):
     (tmp_path / "c.yaml").write_text("rounds: 1\n")
     assert compare_main([str(tmp_path / "c.yaml"), *argv]) == 2
     assert "--overwrite" in capsys.readouterr().err
+
+
+def test_each_start_of_a_run_records_its_machine_and_the_table_names_it(tmp_path, monkeypatch):
+    """A run continued elsewhere took its minutes on two machines (and is not bit for bit the
+    run one machine makes): each start records the round it starts from and the machine; the
+    finished run keeps them in summary.json and compare's table says which machine ran what."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raysim.compare import table
+
+    out = tmp_path / "table" / "rdpcfl" / "seed0"
+    monkeypatch.setattr(rundir, "machine", lambda: {"cpu": "CPU A", "cpus": 2, "torch": "2.0"})
+    stage = rundir.begin(out, "rounds: 5\n", 5, overwrite=False, resume=False)
+    pq.write_table(pa.table({"round": [1, 2]}), stage / "metrics.parquet")
+    rundir.mark_interrupted(stage, KeyboardInterrupt())
+    monkeypatch.setattr(rundir, "machine", lambda: {"cpu": "CPU B", "cpus": 16, "torch": "2.1"})
+    assert rundir.begin(out, "rounds: 5\n", 5, overwrite=False, resume=True) == stage
+    status = rundir.read_status(stage)
+    assert status["pid"] == os.getpid()
+    assert [(s["from_round"], s["cpu"]) for s in status["stretches"]] == [
+        (1, "CPU A"),
+        (3, "CPU B"),
+    ]
+    (stage / "summary.json").write_text(json.dumps({"seed": 0, "rounds": 5, "final": {}}))
+    rundir.commit(stage, out)
+    kept = json.loads((out / "summary.json").read_text())
+    assert [s["torch"] for s in kept["stretches"]] == ["2.0", "2.1"]
+    assert kept["seed"] == 0
+    _fake_run(tmp_path / "table" / "fedavg" / "seed0", seed=0, rounds=5, final={})
+    (tmp_path / "table" / "fedavg" / "seed0" / "metrics.parquet").write_bytes(
+        (out / "metrics.parquet").read_bytes()
+    )
+    from raysim.compare import collect
+
+    text = table(collect(tmp_path / "table"), ["rdpcfl", "fedavg"])
+    assert "Ran on CPU A, 2 CPUs, torch 2.0: rdpcfl seed 0 rounds 1-2." in text
+    assert "Ran on CPU B, 16 CPUs, torch 2.1: rdpcfl seed 0 rounds 3-5." in text
+    assert "Machine not recorded: fedavg seed 0." in text
+
+
+def test_machine_names_this_cpu():
+    m = rundir.machine()
+    assert m["cpus"] == os.cpu_count() and m["torch"] and isinstance(m["cpu"], str) and m["cpu"]
