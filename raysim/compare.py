@@ -211,14 +211,18 @@ def machines(runs: dict[str, list[dict[str, Any]]], names: Sequence[str]) -> lis
             if not stretches:
                 unknown.append(f"{a} seed {r['seed']}")
                 continue
+            spans: list[list[Any]] = []  # [machine, first round, last round]
             for i, st in enumerate(stretches):
                 end = stretches[i + 1]["from_round"] - 1 if i + 1 < len(stretches) else r["rounds"]
+                where = f"{st.get('cpu')}, {st.get('cpus')} CPUs, torch {st.get('torch')}"
                 if end < st["from_round"]:  # a start that ran no round
                     continue
-                where = f"{st.get('cpu')}, {st.get('cpus')} CPUs, torch {st.get('torch')}"
-                ran.setdefault(where, []).append(
-                    f"{a} seed {r['seed']} rounds {st['from_round']}-{end}"
-                )
+                if spans and spans[-1][0] == where:  # continued on the same kind of machine
+                    spans[-1][2] = end
+                else:
+                    spans.append([where, st["from_round"], end])
+            for where, first, last in spans:
+                ran.setdefault(where, []).append(f"{a} seed {r['seed']} rounds {first}-{last}")
     out = [f"Ran on {where}: {'; '.join(what)}." for where, what in ran.items()]
     if unknown:
         out.append(f"Machine not recorded: {'; '.join(unknown)}.")

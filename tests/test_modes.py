@@ -313,6 +313,7 @@ def _files(run: Path) -> dict:
     summary = json.loads((run / "summary.json").read_text())
     for volatile in ("wall_seconds", "rounds_seconds", "workers", "gpus_per_worker"):
         summary.pop(volatile)
+    summary.pop("stretches", None)  # where and when it ran: run_prepared's record, not results
     summary["final"].pop("round_seconds")
     out["summary"] = summary
     return out
@@ -326,3 +327,5 @@ def test_inline_and_ray_write_identical_results(ray_session, tmp_path, algorithm
     run_prepared(prep, tmp_path / "ray")
     write_results(tmp_path / "inline", prep, run_inline(prep))
     assert _files(tmp_path / "ray") == _files(tmp_path / "inline")
+    (stretch,) = json.loads((tmp_path / "ray" / "summary.json").read_text())["stretches"]
+    assert stretch["from_round"] == 1

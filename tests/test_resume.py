@@ -165,7 +165,9 @@ def test_compare_resume_continues_keeps_and_refuses(whole, tmp_path, capsys):
     assert len(seconds) == ROUNDS
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds_seconds"] == pytest.approx(sum(seconds))
-    assert "min/run" in (out / "compare.md").read_text()
+    assert [st["from_round"] for st in summary["stretches"]] == [1, 2]  # where each start ran
+    table = (out / "compare.md").read_text()
+    assert "min/run" in table and f"ifca seed 0 rounds 1-{ROUNDS}." in table
 
     summary = (run_dir / "summary.json").stat().st_mtime_ns
     assert compare_main([*_compare_argv(tmp_path, "table"), "--resume"]) == 0
