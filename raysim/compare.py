@@ -211,6 +211,8 @@ def machines(runs: dict[str, list[dict[str, Any]]], names: Sequence[str]) -> lis
             if not stretches:
                 unknown.append(f"{a} seed {r['seed']}")
                 continue
+            if stretches[0]["from_round"] > 1:  # begun before starts recorded their machine
+                unknown.append(f"{a} seed {r['seed']} rounds 1-{stretches[0]['from_round'] - 1}")
             spans: list[list[Any]] = []  # [machine, first round, last round]
             for i, st in enumerate(stretches):
                 end = stretches[i + 1]["from_round"] - 1 if i + 1 < len(stretches) else r["rounds"]

@@ -175,6 +175,18 @@ def test_each_start_of_a_run_records_its_machine_and_the_table_names_it(tmp_path
     assert "Ran on CPU A, 2 CPUs, torch 2.0: rdpcfl seed 0 rounds 1-2." in text
     assert "Ran on CPU B, 16 CPUs, torch 2.1: rdpcfl seed 0 rounds 3-5." in text
     assert "Machine not recorded: fedavg seed 0." in text
+    status = rundir.read_status(rundir.begin(out.parent / "seed1", "r: 5\n", 5, False, False))
+    status["stretches"][0]["from_round"] = 3  # begun by a raysim that did not record it
+    (out.parent / "seed1").mkdir()
+    summary = {"seed": 1, "rounds": 5, "final": {}, "stretches": status["stretches"]}
+    (out.parent / "seed1" / "summary.json").write_text(json.dumps(summary))
+    (out.parent / "seed1" / "metrics.parquet").write_bytes((out / "metrics.parquet").read_bytes())
+    text = table(collect(tmp_path / "table"), ["rdpcfl"])
+    assert (
+        "Ran on CPU B, 16 CPUs, torch 2.1: rdpcfl seed 0 rounds 3-5; rdpcfl seed 1 rounds 3-5."
+        in text
+    )
+    assert "Machine not recorded: rdpcfl seed 1 rounds 1-2." in text
 
 
 def test_machine_names_this_cpu():
