@@ -162,6 +162,7 @@ def engine_rep(args: argparse.Namespace, tmp: Path, rep: int) -> dict:
     first_end = res["seen"] if res["seen"] is not None else res["t0"] + res["wall"]
     res["first_round"] = first_end - res["t0"] - rounds[0]
     res["rounds"] = rounds
+    res["startup"] = json.loads((out / "summary.json").read_text()).get("startup_seconds")
     return res
 
 
@@ -343,6 +344,9 @@ def main() -> None:
                 f"({gf:.1f} GFLOP/s, {100 * gf / peak:.0f}% of peak), "
                 f"peak PSS {r['peak_pss'] / 2**30:.2f} GiB{_steal_note(r['steal'])}"
             )
+            if r.get("startup"):  # where the time before round 1 went (docs/speed.md)
+                steps = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in r["startup"].items())
+                print(f"{'':7s}        start-up, s from the command: {steps}")
         best[name] = {
             "wall": min(r["wall"] for r in reps),
             "steady": min(steady(r["rounds"]) for r in reps),

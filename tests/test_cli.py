@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -104,6 +105,11 @@ def test_run_end_to_end_writes_every_result_file(ray_session, tmp_path, capsys):
     for key in ("final_accuracy", "rounds", "epsilon", "delta", "wall_seconds", "algorithm"):
         assert key in summary
     assert 0 <= summary["final_accuracy"] <= 1
+    steps = ["ray_start", "ray_ready", "data_in_store", "workers_ready", "first_round"]
+    startup = summary["startup_seconds"]  # from this process's start, in the order they happen
+    assert set(steps[2:]) <= set(startup) and set(startup) <= set(steps)  # Ray: the suite's
+    assert list(startup) == [k for k in steps if k in startup]
+    assert list(startup.values()) == sorted(startup.values())
     privacy = pq.read_table(out / "privacy.parquet").to_pandas()
     assert set(privacy["client"]) == set(range(8))
     # report re-reads the run and redraws the plots
@@ -151,3 +157,13 @@ def test_progress_lines_say_round_rate_accuracy_and_time_left(capsys):
     assert capsys.readouterr().err.startswith(
         "fedavg seed 3: round 4/4, 40.0 s/round, accuracy 61.0%"
     )
+
+
+def test_process_age_counts_from_the_start_of_the_process():
+    """The start-up timeline's clock, against the parent's watch of a child that sleeps first."""
+    code = "import time; time.sleep(1.5); from raysim.runtime.session import process_age; "
+    code += "print(process_age())"
+    t0 = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    elapsed = time.time() - t0
+    assert 1.5 <= float(out.stdout) <= elapsed + 0.02

@@ -313,7 +313,9 @@ def _files(run: Path) -> dict:
     summary = json.loads((run / "summary.json").read_text())
     for volatile in ("wall_seconds", "rounds_seconds", "workers", "gpus_per_worker"):
         summary.pop(volatile)
-    summary.pop("stretches", None)  # where and when it ran: run_prepared's record, not results
+    # where and when it ran, and how long Ray took to start: records of the run, not results
+    summary.pop("stretches", None)
+    summary.pop("startup_seconds", None)
     summary["final"].pop("round_seconds")
     out["summary"] = summary
     return out

@@ -103,6 +103,8 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
         "gpus_per_worker": results.get("gpus_per_worker"),
         "workers_replaced": results.get("workers_replaced", 0),
     }
+    if results.get("startup_seconds"):  # a Ray run: when each start-up step was done
+        summary["startup_seconds"] = results["startup_seconds"]
     if summary["privacy"].get("identifiers_warning"):  # said at the top, in words
         summary["warning"] = summary["privacy"]["identifiers_warning"]
     summary = json.loads(json.dumps(summary, default=_json_default), parse_constant=lambda c: None)

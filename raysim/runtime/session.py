@@ -26,17 +26,35 @@ from raysim.runtime.resources import check_cluster
 log = logging.getLogger(__name__)
 
 
+# when this process asked for Ray and when it had it (process_age), for the runs' start-up
+RAY_STARTUP: dict[str, float | None] = {}
+
+
 def ensure_ray(rt: RuntimeConfig) -> bool:
     """Connect to `runtime.address` or start a local Ray; True if this call started it."""
     if ray.is_initialized():
         return False
+    RAY_STARTUP["ray_start"] = process_age()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if rt.address:
         ray.init(address=rt.address, log_to_driver=False)
     else:
         start_local_ray()
+    RAY_STARTUP["ray_ready"] = process_age()
     return True
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux: from /proc), so that a run's start-up is timed
+    from the command, imports included; None where the kernel does not say."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time
+        with open("/proc/uptime") as f:
+            return round(float(f.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"), 2)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def gpus_per_worker(rt: RuntimeConfig, cluster_gpus: float) -> float:
@@ -91,6 +109,10 @@ def run_session(
     cfg = prep.cfg
     rt = cfg.runtime
     started = ensure_ray(rt)
+    # where the time before the first round went, in seconds since the process started: the
+    # input checked and Ray asked for (the CLI starts Ray once its runs are prepared), Ray up,
+    # the data in the object store, the actors ready, round 1 asked for
+    startup = dict(RAY_STARTUP)
     t0 = time.perf_counter()
     timeout = rt.round_timeout_s
     coordinator = None
@@ -114,9 +136,7 @@ def run_session(
         while True:
             try:
                 if coordinator is None:
-                    log.info(
-                        "start-up: data in the object store at %.2f s", time.perf_counter() - t0
-                    )
+                    startup.setdefault("data_in_store", process_age())
                     if not restarts:  # workers from the driver, in parallel with the coordinator
                         early_workers = _start_workers(prep, data_ref, gpus, trains)
                     else:  # a lost coordinator's workers go; the new one starts its own
@@ -127,7 +147,7 @@ def run_session(
                         prep, data_ref, gpus, early_workers or None, trains
                     )
                     workers = ray.get(coordinator.info.remote(), timeout=timeout)
-                    log.info("start-up: workers ready at %.2f s", time.perf_counter() - t0)
+                    startup.setdefault("workers_ready", process_age())
                     done, rows = 0, []
                     if blob is not None:
                         done, rows = ray.get(coordinator.restore.remote(blob), timeout=timeout)
@@ -136,6 +156,7 @@ def run_session(
                     break
                 if pending is None:
                     pending = coordinator.step.remote()
+                    startup.setdefault("first_round", process_age())
                 row = ray.get(pending, timeout=timeout)
                 pending = None
                 done += 1
@@ -167,6 +188,7 @@ def run_session(
         results["workers"] = workers
         results["gpus_per_worker"] = gpus
         results["wall_seconds"] = time.perf_counter() - t0
+        results["startup_seconds"] = startup
         results["coordinator_restarts"] = restarts
         return results
     finally:
