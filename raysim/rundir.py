@@ -68,12 +68,24 @@ def read_status(stage: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def write_status(stage: Path, **fields: object) -> None:
-    path = stage / STATUS
-    old = read_status(stage)
-    tmp = path.with_name(STATUS + ".tmp")
-    tmp.write_text(json.dumps({**old, **fields}, indent=1, default=str))
+def _write_json(path: Path, data: dict, indent: int) -> None:
+    """Whole or not at all: written beside, then renamed into place."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=indent, default=str))
     os.replace(tmp, path)
+
+
+def write_status(stage: Path, **fields: object) -> None:
+    _write_json(stage / STATUS, {**read_status(stage), **fields}, indent=1)
+
+
+def _rounds_done(stage: Path) -> int:
+    """Rounds a staging directory's metrics.parquet holds (0 before the first)."""
+    if not (stage / "metrics.parquet").is_file():
+        return 0
+    import pyarrow.parquet as pq
+
+    return pq.read_metadata(stage / "metrics.parquet").num_rows
 
 
 def machine() -> dict[str, object]:
@@ -100,13 +112,8 @@ def machine() -> dict[str, object]:
 
 def _stretch(stage: Path) -> dict[str, object]:
     """Where this start of the run ran from: the first round it runs, when, and the machine."""
-    done = 0
-    if (stage / "metrics.parquet").is_file():
-        import pyarrow.parquet as pq
-
-        done = pq.read_metadata(stage / "metrics.parquet").num_rows
     when = time.strftime("%Y-%m-%d %H:%M:%S")
-    return {"from_round": done + 1, "started": when, **machine()}
+    return {"from_round": _rounds_done(stage) + 1, "started": when, **machine()}
 
 
 def begin(out: Path, config_text: str, rounds: int, overwrite: bool, resume: bool) -> Path:
@@ -153,11 +160,7 @@ def commit(stage: Path, out: Path) -> None:
     stretches = read_status(stage).get("stretches")
     summary = stage / "summary.json"
     if stretches and summary.is_file():
-        data = json.loads(summary.read_text())
-        data["stretches"] = stretches
-        tmp = summary.with_name("summary.json.tmp")
-        tmp.write_text(json.dumps(data, indent=2, default=str))
-        os.replace(tmp, summary)
+        _write_json(summary, {**json.loads(summary.read_text()), "stretches": stretches}, indent=2)
     (stage / STATUS).unlink(missing_ok=True)
     if out.exists():
         old = out.with_name(f"{out.name}.replaced-{os.getpid()}")
@@ -192,13 +195,12 @@ def unfinished(path: Path) -> Unfinished | None:
     if not stage.is_dir():
         return None
     status = read_status(stage)
-    done = 0
-    if (stage / "metrics.parquet").is_file():
-        import pyarrow.parquet as pq
-
-        done = pq.read_metadata(stage / "metrics.parquet").num_rows
     return Unfinished(
-        stage, status.get("status", "running"), done, status.get("rounds"), status.get("error")
+        stage,
+        status.get("status", "running"),
+        _rounds_done(stage),
+        status.get("rounds"),
+        status.get("error"),
     )
 
 
