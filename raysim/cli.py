@@ -201,14 +201,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     dirs = [base / c.algorithm.name for c in configs] if len(configs) > 1 else [base]
     for out in dirs:  # refuse to overwrite results before anything runs
         rundir.check_target(out, args.overwrite)
+    from raysim.runtime.reuse import kept_actors
     from raysim.runtime.session import ensure_ray
 
     t0 = time.perf_counter()
     started = ensure_ray(configs[0].runtime)  # one Ray session for all the runs
     try:
-        for prep, out in zip(preps, dirs, strict=True):
-            run_one(prep, out, overwrite=args.overwrite)
-            print(f"results: {out}", file=sys.stderr)
+        with kept_actors():  # and one set of actors, renewed for each run
+            for prep, out in zip(preps, dirs, strict=True):
+                run_one(prep, out, overwrite=args.overwrite)
+                print(f"results: {out}", file=sys.stderr)
     finally:
         if started:
             import ray

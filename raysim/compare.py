@@ -20,6 +20,7 @@ and continues its unfinished ones from their checkpoints (a paper-scale table is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -389,13 +390,17 @@ def run_all(
     if inline and parallel > 1:
         return _run_parallel(jobs, out, overwrite, parallel)
     started = False
-    if not inline:  # one Ray for all the runs, not one start per run
+    kept: Any = contextlib.nullcontext()
+    if not inline:  # one Ray for all the runs, and their actors kept from one run to the next
+        from raysim.runtime.reuse import kept_actors
         from raysim.runtime.session import ensure_ray
 
         started = ensure_ray(jobs[0].cfg.runtime)
+        kept = kept_actors()
     try:
-        for job in jobs:
-            _run_job(job, out, inline, overwrite)
+        with kept:
+            for job in jobs:
+                _run_job(job, out, inline, overwrite)
     finally:
         if started:
             import ray

@@ -123,14 +123,15 @@ def begin(out: Path, config_text: str, rounds: int, overwrite: bool, resume: boo
         if not stage.is_dir():
             stage.mkdir(parents=True)
             (stage / "config.yaml").write_text(config_text)
-        stretches = [*read_status(stage).get("stretches", []), _stretch(stage)]
-        write_status(
-            stage,
+        status = read_status(stage)
+        status.pop("error", None)  # the last stop's: this process is running it again
+        status.update(
             status="running",
             resumed=time.strftime("%Y-%m-%d %H:%M:%S"),
             pid=os.getpid(),
-            stretches=stretches,
+            stretches=[*status.get("stretches", []), _stretch(stage)],
         )
+        _write_json(stage / STATUS, status, indent=1)
         return stage
     check_target(out, overwrite)
     if stage.exists():

@@ -156,6 +156,7 @@ def test_each_start_of_a_run_records_its_machine_and_the_table_names_it(tmp_path
     assert rundir.begin(out, "rounds: 5\n", 5, overwrite=False, resume=True) == stage
     status = rundir.read_status(stage)
     assert status["pid"] == os.getpid()
+    assert status["status"] == "running" and "error" not in status  # not the last stop's error
     assert [(s["from_round"], s["cpu"]) for s in status["stretches"]] == [
         (1, "CPU A"),
         (3, "CPU B"),

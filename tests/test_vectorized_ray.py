@@ -1,5 +1,5 @@
 """Vectorized groups through the engine: the same bits for 1, 2 and 3 workers (groups are cut
-from the cohort, never from the shards)."""
+from the cohort, never from the shards), in fresh actors and in actors kept from the run before."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from raysim.config import load_config
 from raysim.experiment import prepare, run_prepared
 from raysim.protocol import ClientTask
 from raysim.rounds import client_groups
+from raysim.runtime import reuse
 from raysim.runtime.pool import MIN_PIECE_WEIGHT, cut_pieces
 
 
@@ -47,12 +48,15 @@ def test_one_two_three_workers_identical(ray_session, tmp_path, algorithm, mode,
         "runtime.cpus_per_worker": 0.5,  # 3 workers on the 2-CPU test Ray
         "runtime.eval_group_size": 3,  # evaluation groups of 3, 3, 2 clients, shared passes
     }
-    runs = [_run(tmp_path, f"w{w}", **common, **{"runtime.num_workers": w}) for w in (1, 2, 3)]
+    # as `raysim compare` runs them: each run renews the actors the last one left that fit it
+    # (raysim.runtime.reuse), so the first run's are fresh and the others' partly kept
+    with reuse.kept_actors():
+        runs = [_run(tmp_path, f"w{w}", **common, **{"runtime.num_workers": w}) for w in (1, 2, 3)]
+        # the coordinator trains shard 0 itself by default; every shard on its own actor instead:
+        apart = _run(tmp_path, "apart", **common, **{"runtime.coordinator_trains": False})
+        other = _run(tmp_path, "seed1", **common, seed=1)
     assert runs[0].equals(runs[1]) and runs[0].equals(runs[2]), runs
-    # the coordinator trains shard 0 itself by default; every shard on its own actor instead:
-    apart = _run(tmp_path, "apart", **common, **{"runtime.coordinator_trains": False})
     assert runs[0].equals(apart), (runs[0], apart)
-    other = _run(tmp_path, "seed1", **common, seed=1)
     assert not runs[0].equals(other)
 
 

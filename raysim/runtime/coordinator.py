@@ -7,6 +7,7 @@ worker actors to run the clients on. The workers own the data and the arithmetic
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ import ray
 
 from raysim.config import ExperimentConfig, RuntimeConfig
 from raysim.runtime.pool import WorkerPool
+from raysim.runtime.reuse import Renewable
 from raysim.runtime.sealed import opened
 from raysim.runtime.worker import ClientWorker
 
@@ -51,6 +53,34 @@ def trains_in_coordinator(rt: RuntimeConfig, gpus: float, privacy_summary: dict[
         return True
 
 
+def worker_options(rt: RuntimeConfig, num_gpus_per_worker: float) -> dict[str, Any]:
+    """The Ray options of a ClientWorker actor."""
+    return {
+        "num_cpus": rt.cpus_per_worker,
+        "num_gpus": num_gpus_per_worker,
+        # The pool replaces a lost worker itself (WorkerPool._replace). A restartable actor whose
+        # arguments hold an object ref makes Ray log an error line on every run.
+        "max_restarts": 0,
+        **worker_placement(),
+    }
+
+
+def worker_args(
+    cfg: ExperimentConfig, algorithm: Any, data_ref: Any, num_gpus_per_worker: float, spec: Any
+) -> tuple[Any, ...]:
+    """A ClientWorker's constructor arguments (``data_ref`` in a list: fetched in the actor)."""
+    rt = cfg.runtime
+    return (
+        algorithm,
+        [data_ref],
+        spec,
+        cfg.seed,
+        rt.threads_per_worker,
+        num_gpus_per_worker,
+        rt.vectorize,
+    )
+
+
 def worker_factory(
     cfg: ExperimentConfig,
     algorithm: Any,
@@ -58,37 +88,23 @@ def worker_factory(
     num_gpus_per_worker: float,
     spec: Any = None,
 ) -> Callable[[int], Any]:
-    """Starts ClientWorker actor i (used by the driver at start-up and by the pool to replace a
-    lost worker). ``algorithm`` and ``spec`` (default: ``model_spec(cfg)``) may be sealed."""
+    """Starts ClientWorker actor i (used by the pool to replace a lost worker, and to start the
+    workers where the driver did not). ``algorithm`` and ``spec`` (default:
+    ``model_spec(cfg)``) may be sealed."""
     if spec is None:
         from raysim.models.spec import model_spec
 
         spec = model_spec(cfg)
-    rt = cfg.runtime
-    actor = ray.remote(ClientWorker).options(
-        num_cpus=rt.cpus_per_worker,
-        num_gpus=num_gpus_per_worker,
-        # The pool replaces a lost worker itself (WorkerPool._replace). A restartable actor whose
-        # arguments hold an object ref makes Ray log an error line on every run.
-        max_restarts=0,
-        **worker_placement(),
-    )
+    actor = ray.remote(ClientWorker).options(**worker_options(cfg.runtime, num_gpus_per_worker))
+    args = worker_args(cfg, algorithm, data_ref, num_gpus_per_worker, spec)
 
     def make_worker(i: int) -> Any:
-        return actor.remote(
-            algorithm,
-            [data_ref],
-            spec,
-            cfg.seed,
-            rt.threads_per_worker,
-            num_gpus_per_worker,
-            rt.vectorize,
-        )
+        return actor.remote(*args)
 
     return make_worker
 
 
-class Coordinator:
+class Coordinator(Renewable):
     """The Ray side of a run: a worker pool as the ``RoundLoop``'s executor."""
 
     def __init__(
@@ -157,7 +173,11 @@ class Coordinator:
         return self.loop.restore(blob)
 
     def results(self) -> dict[str, Any]:
-        return {**self.loop.results(), "workers_replaced": self.pool.replaced}
+        return {
+            **self.loop.results(),
+            "workers_replaced": self.pool.replaced,
+            "coordinator_pid": os.getpid(),
+        }
 
     def shutdown(self) -> None:
         self.pool.shutdown()

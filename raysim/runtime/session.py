@@ -18,10 +18,17 @@ from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raysim.config import RuntimeConfig
+from raysim.runtime import reuse
 from raysim.runtime.checkpoint import checkpoint_due, save_checkpoint, write_partial_metrics
-from raysim.runtime.coordinator import Coordinator, trains_in_coordinator, worker_factory
+from raysim.runtime.coordinator import (
+    Coordinator,
+    trains_in_coordinator,
+    worker_args,
+    worker_options,
+)
 from raysim.runtime.local_ray import start_local_ray
 from raysim.runtime.resources import check_cluster
+from raysim.runtime.worker import ClientWorker
 
 log = logging.getLogger(__name__)
 
@@ -70,29 +77,44 @@ def gpus_per_worker(rt: RuntimeConfig, cluster_gpus: float) -> float:
 def _start_workers(prep: Any, data_ref: Any, gpus: float, trains: bool) -> list[Any]:
     """The ClientWorker actors, started by the driver so that they import torch and build their
     model while the coordinator actor starts (not after it, as when it starts them); one fewer
-    where the coordinator ``trains`` clients itself."""
+    where the coordinator ``trains`` clients itself. Kept actors are renewed where a command
+    keeps them (``raysim.runtime.reuse``)."""
     rt = prep.cfg.runtime
     size = len(prep.truth) if rt.actor_per_client else rt.num_workers
-    make = worker_factory(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec)
-    return [make(i) for i in range(size - trains)]
+    args = worker_args(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec)
+    return [reuse.start(ClientWorker, worker_options(rt, gpus), args) for _ in range(size - trains)]
 
 
-def _start_coordinator(
-    prep: Any, data_ref: Any, gpus: float, workers: list[Any] | None, trains: bool
-) -> Any:
-    """The coordinator stays next to the driver (the head on a cluster) unless a Tune trial's
-    placement group decides: a worker node that goes away then never takes it along. Where it
-    ``trains`` clients, it holds a worker's CPUs."""
+def _coordinator_options(prep: Any, trains: bool) -> tuple[dict[str, Any], tuple[str, bool]]:
+    """The coordinator's Ray options and its reuse tag. It stays next to the driver (the head on
+    a cluster) unless a Tune trial's placement group decides: a worker node that goes away then
+    never takes it along. Where it ``trains`` clients, it holds a worker's CPUs. A process that
+    served a trusted server is never renewed as an untrusted one's."""
     cpus = prep.cfg.runtime.cpus_per_worker if trains else 0
     opts: dict[str, Any] = {"num_cpus": cpus, "max_concurrency": 1}
     if ray.util.get_current_placement_group() is None:
         here = ray.get_runtime_context().get_node_id()
         opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=True)
-    return (
-        ray.remote(Coordinator)
-        .options(**opts)
-        .remote(prep.cfg, prep.algorithm, [data_ref], prep.truth, gpus, workers, trains, prep.spec)
-    )
+    return opts, ("trusted_server", bool(prep.privacy_summary.get("trusted_server", False)))
+
+
+def _start_coordinator(
+    prep: Any, data_ref: Any, gpus: float, workers: list[Any] | None, trains: bool
+) -> Any:
+    opts, tag = _coordinator_options(prep, trains)
+    args = (prep.cfg, prep.algorithm, [data_ref], prep.truth, gpus, workers, trains, prep.spec)
+    return reuse.start(Coordinator, opts, args, tag)
+
+
+def _park(prep: Any, coordinator: Any, workers: list[Any], gpus: float, trains: bool) -> bool:
+    """Keep a cleanly finished run's actors for the command's next run, where it keeps them."""
+    if not reuse.keeping():
+        return False
+    opts, tag = _coordinator_options(prep, trains)
+    reuse.park(coordinator, Coordinator, opts, tag)
+    for w in workers:
+        reuse.park(w, ClientWorker, worker_options(prep.cfg.runtime, gpus))
+    return True
 
 
 def run_session(
@@ -147,6 +169,8 @@ def run_session(
                         prep, data_ref, gpus, early_workers or None, trains
                     )
                     workers = ray.get(coordinator.info.remote(), timeout=timeout)
+                    reuse.settle(timeout)  # a kept actor that could not be renewed fails here
+                    reuse.drop_idle()  # kept actors this run has no use for free their CPUs
                     startup.setdefault("workers_ready", process_age())
                     done, rows = 0, []
                     if blob is not None:
@@ -184,7 +208,11 @@ def run_session(
             if last:
                 break
         results = ray.get(coordinator.results.remote(), timeout=timeout)
-        ray.get(coordinator.shutdown.remote(), timeout=timeout)
+        clean = not restarts and not results["workers_replaced"]
+        if clean and _park(prep, coordinator, early_workers, gpus, trains):
+            coordinator, early_workers = None, []  # kept for the command's next run
+        else:
+            ray.get(coordinator.shutdown.remote(), timeout=timeout)
         results["workers"] = workers
         results["gpus_per_worker"] = gpus
         results["wall_seconds"] = time.perf_counter() - t0

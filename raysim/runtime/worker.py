@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raysim.protocol import ClientContext, ClientTask
+from raysim.runtime.reuse import Renewable
 from raysim.runtime.sealed import opened
 
 if TYPE_CHECKING:  # torch, the models and the trainer load in the actor, not in the driver
@@ -30,7 +31,7 @@ def pick_device(num_gpus: float) -> torch.device:
     return torch.device("cpu")
 
 
-class ClientWorker:
+class ClientWorker(Renewable):
     def __init__(
         self,
         algorithm: Any,
