@@ -13,8 +13,10 @@ RSS, which counts torch's shared libraries once per process), and achieved GFLOP
 fraction of the machine's peak (FLOPs of the clients' forward+backward passes counted with
 torch.utils.flop_counter; peak from a large matmul at the start and the end of this run, with as
 many threads as cores, the higher counting), and the host's steal over the rep (from /proc/stat:
-CPU time the hypervisor gave to other guests). A rep the host took more than 5% from runs again,
-up to --retries times: on a shared VM, steal swings from 0 to over 30% within minutes.
+CPU time the hypervisor gave to other guests) and the share other processes on this machine used
+(its busy time less the measured tree's and this script's: a job at nice 19 still takes CPU,
+docs/speed.md). A rep that the host or other processes took more than 5% from runs again, up to
+--retries times: on a shared VM, steal swings from 0 to over 30% within minutes.
 The loop is `LocalTrainer` per client (torch.optim SGD; DP-SGD through Opacus), 2 torch threads,
 in PyTorch's default memory format (the engine trains convolutions channels-last on CPU).
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -117,25 +120,77 @@ def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -
     return (after[0] - before[0]) / (after[1] - before[1])
 
 
+def busy_ticks(stat: str = "/proc/stat") -> tuple[int, int] | None:
+    """(busy, total) CPU ticks of the whole machine since boot: busy is user, nice, system, irq
+    and softirq time (not idle, iowait or steal)."""
+    try:
+        with open(stat) as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(ticks) < 7:
+        return None
+    return ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6], sum(ticks)
+
+
+def process_ticks(pid: int) -> int | None:
+    """CPU ticks (user + system) a live process has used; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def others_share(
+    before: tuple[int, int] | None, after: tuple[int, int] | None, ours: float
+) -> float | None:
+    """The share of the machine's CPU time used by processes other than ``ours`` (ticks of the
+    measured tree and of this script) between two busy_ticks(): another job on the machine.
+    Nice does not keep one away (docs/speed.md: autogroup scheduling)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return max(0.0, after[0] - before[0] - ours) / (after[1] - before[1])
+
+
+def _own_and_reaped_ticks() -> tuple[float, float]:
+    """CPU ticks of this process, and of every descendant reaped by it (or by its reaped
+    descendants, down the line)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (own.ru_utime + own.ru_stime) * hz, (kids.ru_utime + kids.ru_stime) * hz
+
+
 def run_child(cmd: list[str], poll: list[Path] = ()) -> dict:
     """Run cmd; peak PSS of its tree (sampled every second), wall, the time the first of the
     files `poll` appeared, and the host's steal over the run."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
-    ticks = cpu_ticks()
+    ticks, busy, (own0, reaped0) = cpu_ticks(), busy_ticks(), _own_and_reaped_ticks()
     t0 = time.time()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     peak, seen, tick = 0, None, 0
+    used: dict[int, int] = {}  # the tree's processes: CPU ticks at their last reading
     while proc.poll() is None:
         # every 1 s: one reading of a Ray tree's smaps costs ~40 ms of CPU (11 processes) that
         # the run would otherwise have, and the loop's tree is one process
         if tick % 20 == 0:
-            peak = max(peak, pss_bytes(tree_pids(proc.pid)))
+            pids = tree_pids(proc.pid)
+            peak = max(peak, pss_bytes(pids))
+            for pid in pids:
+                used[pid] = max(used.get(pid, 0), process_ticks(pid) or 0)
         if seen is None and any(p.exists() for p in poll):
             seen = time.time()
         tick += 1
         time.sleep(0.05)
     wall = time.time() - t0
     steal = steal_share(ticks, cpu_ticks())
+    own, reaped = _own_and_reaped_ticks()
+    # the tree's CPU: what its reaped processes used (exact where each was reaped by its
+    # parent), or the sum of the readings (which miss a process's last second) where that is more
+    tree = max(reaped - reaped0, sum(used.values()))
+    others = others_share(busy, busy_ticks(), tree + own - own0)
     out, err = proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err.decode()[-3000:]}")
@@ -145,6 +200,7 @@ def run_child(cmd: list[str], poll: list[Path] = ()) -> dict:
         "peak_pss": peak,
         "seen": seen,
         "steal": steal,
+        "others": others,
         "stdout": out.decode(),
     }
 
@@ -215,25 +271,31 @@ def flops_per_round(args: argparse.Namespace) -> float:
     return per_sample * train_per_client * cohort
 
 
-CONTENDED = 0.05  # steal above this share makes a rep's times unreliable
+CONTENDED = 0.05  # steal (or others' use) above this share makes a rep's times unreliable
 
 
-def _steal_note(steal: float | None) -> str:
-    return "" if steal is None else f", host steal {100 * steal:.0f}%"
+def _steal_note(res: dict) -> str:
+    note = "" if res["steal"] is None else f", host steal {100 * res['steal']:.0f}%"
+    if res.get("others") is not None:
+        note += f", other processes {100 * res['others']:.0f}%"
+    return note
+
+
+def contention(res: dict) -> float:
+    """The larger of the host's steal and the other processes' share during a rep (0 unread)."""
+    return max(res["steal"] or 0.0, res.get("others") or 0.0)
 
 
 def quiet_rep(side: str, rep: int, args: argparse.Namespace, run: Callable[[], dict]) -> dict:
-    """run(), again while the host took more than CONTENDED of the CPU during it (at most
-    ``args.retries`` more times): times from a contended host say little about raysim."""
+    """run(), again while the host (steal) or other processes on this machine took more than
+    CONTENDED of the CPU during it (at most ``args.retries`` more times): times from a contended
+    machine say little about raysim."""
     for _ in range(args.retries):
         res = run()
-        if res["steal"] is None or res["steal"] <= CONTENDED:
+        if contention(res) <= CONTENDED:
             return res
-        print(
-            f"{side:7s} rep {rep}: host steal {100 * res['steal']:.0f}% "
-            f"(wall {res['wall']:.1f} s), run again",
-            flush=True,
-        )
+        note = _steal_note(res)
+        print(f"{side:7s} rep {rep}: wall {res['wall']:.1f} s{note}, run again", flush=True)
     return run()  # the last try counts, contended or not (main() warns)
 
 
@@ -303,7 +365,8 @@ def main() -> None:
         "--retries",
         type=int,
         default=2,
-        help="a rep during which the host took over 5%% of the CPU (steal) runs again, "
+        help="a rep during which the host (steal) or other processes took over 5%% of the CPU "
+        "runs again, "
         "up to this many times",
     )
     p.add_argument("--loop-child", action="store_true", help=argparse.SUPPRESS)
@@ -342,7 +405,7 @@ def main() -> None:
                 f"{name:7s} rep {i}: wall {r['wall']:.1f} s, "
                 f"first round at {r['first_round']:.1f} s, steady {s:.2f} s/round "
                 f"({gf:.1f} GFLOP/s, {100 * gf / peak:.0f}% of peak), "
-                f"peak PSS {r['peak_pss'] / 2**30:.2f} GiB{_steal_note(r['steal'])}"
+                f"peak PSS {r['peak_pss'] / 2**30:.2f} GiB{_steal_note(r)}"
             )
             if r.get("startup"):  # where the time before round 1 went (docs/speed.md)
                 steps = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in r["startup"].items())
@@ -358,6 +421,12 @@ def main() -> None:
         print(
             f"warning: the host took up to {100 * max(stolen):.0f}% of this VM's CPU time during a "
             "rep (steal); times and ratios are not comparable with a quiet machine's, rerun later"
+        )
+    taken = [r["others"] for reps in sides.values() for r in reps if r.get("others") is not None]
+    if taken and max(taken) > CONTENDED:
+        print(
+            f"warning: other processes used up to {100 * max(taken):.0f}% of the CPU during a rep; "
+            "times and ratios are not comparable with a quiet machine's: stop them and rerun"
         )
     print(
         "best of reps:",

@@ -1,9 +1,12 @@
-"""The benchmark's reading of the host's steal time (benchmarks/engine_vs_loop.py)."""
+"""The benchmark's reading of the host's steal time and of other processes' CPU use
+(benchmarks/engine_vs_loop.py)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +35,37 @@ def test_steal_share_over_an_interval() -> None:
     assert bench.steal_share((60, 1000), (160, 1400)) == pytest.approx(0.25)
     assert bench.steal_share(None, (1, 2)) is None
     assert bench.steal_share((5, 100), (5, 100)) is None  # no time passed
+
+
+def test_busy_ticks_and_the_share_of_other_processes(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 5 20 800 10 0 5 60 7 0\n")
+    assert bench.busy_ticks(str(stat)) == (130, 1000)  # user + nice + system + irq + softirq
+    assert bench.busy_ticks(str(tmp_path / "missing")) is None
+    # 400 ticks of the machine's time passed, 300 were busy, 100 of them ours: 50% others
+    assert bench.others_share((130, 1000), (430, 1400), ours=100) == pytest.approx(0.5)
+    # ours read a little high (a reaped process's ticks are rounded up): never below 0
+    assert bench.others_share((130, 1000), (230, 1400), ours=120) == 0.0
+    assert bench.others_share(None, (1, 2), ours=0) is None
+
+
+def test_process_ticks_count_this_process_s_cpu_time() -> None:
+    before = bench.process_ticks(os.getpid())
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # burn 0.3 CPU-s
+        pass
+    after = bench.process_ticks(os.getpid())
+    hz = os.sysconf("SC_CLK_TCK")
+    assert after - before >= 0.25 * hz
+    assert bench.process_ticks(2**22 + 7) is None  # no such process
+
+
+def test_a_rep_contended_by_other_processes_runs_again() -> None:
+    seq = iter([{"steal": 0.0, "others": 0.4, "wall": 1.0}, {"steal": 0.0, "others": 0.01}])
+    args = argparse.Namespace(retries=2)
+    assert bench.quiet_rep("raysim", 0, args, lambda: next(seq))["others"] == 0.01
+    assert bench.contention({"steal": None, "others": None}) == 0.0
+    assert bench.contention({"steal": 0.02, "others": 0.3}) == 0.3
 
 
 def test_a_contended_rep_runs_again_up_to_the_retries() -> None:
