@@ -99,15 +99,21 @@ def pss_bytes(pids: list[int]) -> int:
     return total
 
 
+def _machine_ticks(stat: str) -> list[int]:
+    """The first eight columns of /proc/stat's `cpu` line (user nice system idle iowait irq
+    softirq steal: CPU ticks of the whole machine since boot); [] where unreadable."""
+    try:
+        with open(stat) as f:
+            return [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return []
+
+
 def cpu_ticks(stat: str = "/proc/stat") -> tuple[int, int] | None:
     """(steal, total) CPU ticks of the whole machine since boot; None where /proc/stat has no
     steal column. Steal is the time the hypervisor gave this VM's vCPUs to someone else: on a
     shared host it swings from 0 to over 30% within minutes and slows every process alike."""
-    try:
-        with open(stat) as f:
-            ticks = [int(v) for v in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
+    ticks = _machine_ticks(stat)
     if len(ticks) < 8:
         return None
     return ticks[7], sum(ticks)  # user nice system idle iowait irq softirq steal
@@ -123,11 +129,7 @@ def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -
 def busy_ticks(stat: str = "/proc/stat") -> tuple[int, int] | None:
     """(busy, total) CPU ticks of the whole machine since boot: busy is user, nice, system, irq
     and softirq time (not idle, iowait or steal)."""
-    try:
-        with open(stat) as f:
-            ticks = [int(v) for v in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
+    ticks = _machine_ticks(stat)
     if len(ticks) < 7:
         return None
     return ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6], sum(ticks)

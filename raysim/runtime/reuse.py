@@ -29,7 +29,7 @@ from typing import Any
 
 # None: actors are not kept (a single run, a Tune trial); else idle actors by key
 _idle: dict[Hashable, list[Any]] | None = None
-# renew calls not yet known to have succeeded: (actor, ref)
+# the refs of renew calls not yet known to have succeeded (``settle``)
 _renewing: list[Any] = []
 
 
@@ -57,6 +57,7 @@ def kept_actors() -> Iterator[None]:
     finally:
         drop_idle()
         _idle = None
+        _renewing.clear()  # a run that failed before it settled them
 
 
 def keeping() -> bool:
@@ -81,7 +82,10 @@ def start(cls: type, options: dict[str, Any], args: tuple[Any, ...], tag: Hashab
 
 
 def settle(timeout_s: float) -> None:
-    """Raise the error of any renew call that failed (the actor is then ended)."""
+    """Wait for the renew calls; raise the error of one that failed (the run then ends its
+    actors). Called before the coordinator calls on the workers: Ray orders an actor's calls
+    per caller only, so a worker renewed by the driver must be renewed before the coordinator's
+    first call reaches it."""
     import ray
 
     refs = list(_renewing)

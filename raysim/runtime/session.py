@@ -82,7 +82,8 @@ def _start_workers(prep: Any, data_ref: Any, gpus: float, trains: bool) -> list[
     rt = prep.cfg.runtime
     size = len(prep.truth) if rt.actor_per_client else rt.num_workers
     args = worker_args(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec)
-    return [reuse.start(ClientWorker, worker_options(rt, gpus), args) for _ in range(size - trains)]
+    opts = worker_options(rt, gpus)
+    return [reuse.start(ClientWorker, opts, args) for _ in range(size - trains)]
 
 
 def _coordinator_options(prep: Any, trains: bool) -> tuple[dict[str, Any], tuple[str, bool]]:
@@ -168,8 +169,8 @@ def run_session(
                     coordinator = _start_coordinator(
                         prep, data_ref, gpus, early_workers or None, trains
                     )
-                    workers = ray.get(coordinator.info.remote(), timeout=timeout)
                     reuse.settle(timeout)  # a kept actor that could not be renewed fails here
+                    workers = ray.get(coordinator.info.remote(), timeout=timeout)
                     reuse.drop_idle()  # kept actors this run has no use for free their CPUs
                     startup.setdefault("workers_ready", process_age())
                     done, rows = 0, []
