@@ -161,9 +161,8 @@ def _conv2d(
     # default layout is faster (conv2: 2.5-3.1 against 3.5-4.8 ms). docs/speed.md.
     nhwc = channels_last and folded_shape[1] == 1
     fold = _fold_channels_last if nhwc else _fold
-    weight_like = g.new_empty(folded_shape)
-    if nhwc:
-        weight_like = weight_like.to(memory_format=torch.channels_last)
+    layout = torch.channels_last if nhwc else torch.contiguous_format
+    weight_like = torch.empty(folded_shape, dtype=g.dtype, device=g.device, memory_format=layout)
     _, weight, _ = torch.ops.aten.convolution_backward(
         fold(g),
         fold(a),
