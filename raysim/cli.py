@@ -332,6 +332,9 @@ def entry() -> None:
     interpreter down, which takes ~1 s once torch and Ray are loaded: when `main` returns,
     everything is written and moved into place, so only a connection to a cluster and the
     standard streams are left to close."""
+    from raysim.rundir import stop_on_sigterm
+
+    stop_on_sigterm()
     code = main()
     if "ray" in sys.modules:
         import ray

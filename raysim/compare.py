@@ -462,10 +462,14 @@ def _run_parallel(jobs: list[Job], out: Path, overwrite: bool, parallel: int) ->
                 if proc.exitcode != 0:
                     failed.append(f"{job.cfg.algorithm.name} seed {job.cfg.seed}")
     except KeyboardInterrupt:
-        for proc, _ in running.values():  # they had the same Ctrl-C: let them write their state
+        # A terminal's Ctrl-C reached them too; `kill` of this process alone did not: SIGTERM,
+        # which they take as Ctrl-C (once), so each writes its state before it exits.
+        for proc, _ in running.values():
+            proc.terminate()
+        for proc, _ in running.values():
             proc.join(timeout=30)
             if proc.is_alive():
-                proc.terminate()
+                proc.kill()
         raise
     return failed
 
@@ -473,6 +477,9 @@ def _run_parallel(jobs: list[Job], out: Path, overwrite: bool, parallel: int) ->
 def _run_job_apart(job: Job, out: Path, overwrite: bool) -> None:
     """``_run_job`` as a process's whole work: a failure is reported in one line and the exit
     code, an interruption quietly (the run's status says it)."""
+    from raysim.rundir import stop_on_sigterm
+
+    stop_on_sigterm()
     try:
         _run_job(job, out, True, overwrite, lines=True)  # runs side by side: no bars
     except KeyboardInterrupt:
@@ -495,4 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from raysim.rundir import stop_on_sigterm
+
+    stop_on_sigterm()
     sys.exit(main())

@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +149,22 @@ def begin(out: Path, config_text: str, rounds: int, overwrite: bool, resume: boo
         stretches=[_stretch(stage)],
     )
     return stage
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM stop a run the way Ctrl-C does: marked interrupted, resumable, exit 130.
+
+    `kill PID`, `timeout`, a batch scheduler's cancel and `ray job stop` send SIGTERM, and a
+    job started in the background (`raysim ... &` from a script) has SIGINT ignored, so SIGTERM
+    is the one way to stop it cleanly. The first SIGTERM interrupts; later ones are ignored, so
+    that they cannot cut the writing of the run's state short (SIGKILL still ends it at once).
+    """
+
+    def interrupt(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def mark_interrupted(stage: Path, exc: BaseException) -> None:

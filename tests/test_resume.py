@@ -176,9 +176,12 @@ def test_compare_resume_continues_keeps_and_refuses(whole, tmp_path, capsys):
     assert compare_main([*_compare_argv(tmp_path, "other"), "--resume", "--overwrite"]) == 2
 
 
-def test_ctrl_c_stops_every_parallel_inline_run_and_starts_no_other(tmp_path):
-    """Ctrl-C on `raysim compare --inline --jobs 2` with six runs: the two running ones are
-    marked interrupted (resumable), no other starts, and the command exits 130."""
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_interrupt_stops_every_parallel_inline_run_and_starts_no_other(tmp_path, stop):
+    """Ctrl-C on `raysim compare --inline --jobs 2` with six runs (SIGINT to the whole process
+    group, as a terminal sends it), or `kill` of the command alone (SIGTERM to its process only:
+    it passes the stop on): the two running ones are marked interrupted (resumable), no other
+    starts, and the command exits 130."""
     import os
     import signal
     import subprocess
@@ -191,9 +194,8 @@ def test_ctrl_c_stops_every_parallel_inline_run_and_starts_no_other(tmp_path):
     argv += ["--algorithms", "fedavg,local,ifca", "--seeds", "0,1", "--out", str(out)]
     for s in sets:
         argv += ["--set", s]
-    code = "import sys; from raysim.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, "compare", *argv],
+        [sys.executable, "-m", "raysim.cli", "compare", *argv],
         start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches
         stderr=subprocess.PIPE,
         text=True,
@@ -203,8 +205,12 @@ def test_ctrl_c_stops_every_parallel_inline_run_and_starts_no_other(tmp_path):
     while not all(p.is_file() for p in started):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
         time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGINT)
+    if stop == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=90) == 130
+    assert "Traceback" not in proc.stderr.read()
     for seed in (0, 1):
         assert unfinished(out / "fedavg" / f"seed{seed}").status == "interrupted"
     assert not (out / "local").exists() and not (out / "ifca").exists()  # none started after

@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,10 +46,16 @@ def ensure_ray(rt: RuntimeConfig) -> bool:
     RAY_STARTUP["ray_start"] = process_age()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # ray.init takes SIGTERM over (its handler exits at once, status 1 or 15): a handler this
+    # process set (the CLI's: stop the run as Ctrl-C does) is put back; the run's own cleanup
+    # shuts Ray down.
+    caller = signal.getsignal(signal.SIGTERM)
     if rt.address:
         ray.init(address=rt.address, log_to_driver=False)
     else:
         start_local_ray()
+    if callable(caller) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, caller)
     RAY_STARTUP["ray_ready"] = process_age()
     return True
 
