@@ -18,6 +18,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from raysim.config import ConfigError
 
@@ -152,16 +153,22 @@ def begin(out: Path, config_text: str, rounds: int, overwrite: bool, resume: boo
 
 
 def stop_on_sigterm() -> None:
-    """Make SIGTERM stop a run the way Ctrl-C does: marked interrupted, resumable, exit 130.
+    """Make SIGTERM do what Ctrl-C does: a run is marked interrupted (resumable), exit 130.
 
     `kill PID`, `timeout`, a batch scheduler's cancel and `ray job stop` send SIGTERM, and a
     job started in the background (`raysim ... &` from a script) has SIGINT ignored, so SIGTERM
-    is the one way to stop it cleanly. The first SIGTERM interrupts; later ones are ignored, so
-    that they cannot cut the writing of the run's state short (SIGKILL still ends it at once).
+    is the one way to stop it cleanly. Where a library handles Ctrl-C itself (Ray Tune, during a
+    sweep: it saves the sweep's state, then returns), SIGTERM goes to that handler. The first
+    SIGTERM interrupts; later ones are ignored, so that they cannot cut the writing of the
+    run's state short (SIGKILL still ends it at once).
     """
 
-    def interrupt(signum: int, frame: object) -> None:
+    def interrupt(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ctrl_c = signal.getsignal(signal.SIGINT)
+        if callable(ctrl_c) and ctrl_c is not signal.default_int_handler:
+            ctrl_c(signal.SIGINT, frame)
+            return
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, interrupt)

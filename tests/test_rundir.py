@@ -193,3 +193,31 @@ def test_each_start_of_a_run_records_its_machine_and_the_table_names_it(tmp_path
 def test_machine_names_this_cpu():
     m = rundir.machine()
     assert m["cpus"] == os.cpu_count() and m["torch"] and isinstance(m["cpu"], str) and m["cpu"]
+
+
+def test_sigterm_does_what_ctrl_c_does_once():
+    """SIGTERM raises Ctrl-C's KeyboardInterrupt, or runs a library's own Ctrl-C handler where one
+    is set (Ray Tune's during a sweep); a second SIGTERM is ignored while the state is written."""
+    import signal
+
+    saved = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        rundir.stop_on_sigterm()
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        signal.raise_signal(signal.SIGTERM)  # ignored: neither raises nor ends the process
+
+        calls = []
+        signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
+        rundir.stop_on_sigterm()
+        signal.raise_signal(signal.SIGTERM)
+        assert calls == [signal.SIGINT]
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job's: Ctrl-C cannot reach it
+        rundir.stop_on_sigterm()
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, saved[0])
+        signal.signal(signal.SIGINT, saved[1])

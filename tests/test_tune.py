@@ -96,3 +96,35 @@ def test_trial_bundles_reserve_the_workers(tmp_path):
     base = load_sweep(_write(tmp_path, {"seed": {"grid": [0]}})).base
     pgf = placement(base)({"runtime.num_workers": 3})
     assert pgf.bundles == [TRIAL_BUNDLE] + [{"CPU": 0.45}] * 3
+
+
+def test_sigterm_stops_a_sweep_and_says_how_to_resume(tmp_path):
+    """`kill` of a sweep started in the background (SIGINT ignored): Tune saves the sweep's
+    state, the command exits 130 naming the unfinished trials and the `--resume` command."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    sweep = tmp_path / "sweep.yaml"
+    space = {"privacy.epsilon": {"grid": [1, 8]}}
+    sweep.write_text(yaml.safe_dump({"name": "tiny", "set": [*TINY, "rounds=500"], "space": space}))
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raysim.cli", "sweep", str(sweep), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    deadline = time.monotonic() + 240
+    while not any(p.stat().st_size for p in out.glob("tune/tiny/*/result.json")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted with 2 trials unfinished" in err and "--resume" in err
+    assert "Traceback" not in err

@@ -147,8 +147,12 @@ def check_trials(sweep: Sweep, nodes: list[dict[str, float]]) -> None:
 
 
 def _unfinished_trials(grid: Any) -> int:
-    analysis = getattr(grid, "_experiment_analysis", None)
-    trials = getattr(analysis, "trials", None) or []
+    """Trials an interruption left to `--resume`. Read from the state Tune saved: after Ctrl-C
+    (or SIGTERM) the trials in memory are all TERMINATED, those saved still running (loaded
+    back as PENDING)."""
+    from ray.tune import ExperimentAnalysis
+
+    trials = ExperimentAnalysis(grid.experiment_path).trials
     return sum(t.status not in ("TERMINATED", "ERROR") for t in trials)
 
 
