@@ -461,12 +461,17 @@ def _run_parallel(jobs: list[Job], out: Path, overwrite: bool, parallel: int) ->
                 proc.join()
                 if proc.exitcode != 0:
                     failed.append(f"{job.cfg.algorithm.name} seed {job.cfg.seed}")
-    except KeyboardInterrupt:
-        # A terminal's Ctrl-C reached them too; `kill` of this process alone did not: SIGTERM,
-        # which they take as Ctrl-C (once), so each writes its state before it exits.
-        for proc, _ in running.values():
-            proc.terminate()
-        for proc, _ in running.values():
+    except KeyboardInterrupt as stop:
+        from raysim.rundir import stopped_by_sigterm
+
+        procs = [proc for proc, _ in running.values()]
+        if not stopped_by_sigterm(stop):  # a terminal's Ctrl-C reached them too: let them end
+            for proc in procs:
+                proc.join(timeout=30)
+        for proc in procs:  # `kill` of this process alone did not reach them: pass it on as
+            if proc.is_alive():  # SIGTERM, which they take as Ctrl-C (once) and write their state
+                proc.terminate()
+        for proc in procs:
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()

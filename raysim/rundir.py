@@ -174,6 +174,11 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+def stopped_by_sigterm(exc: KeyboardInterrupt) -> bool:
+    """Whether ``exc`` came from SIGTERM (``stop_on_sigterm``) rather than Ctrl-C."""
+    return exc.args == (signal.SIGTERM.name,)
+
+
 def mark_interrupted(stage: Path, exc: BaseException) -> None:
     kind = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
     write_status(stage, status=kind, error=f"{type(exc).__name__}: {exc}".rstrip(": "))
