@@ -226,12 +226,14 @@ def test_sigterm_does_what_ctrl_c_does_once():
 def test_an_interrupt_says_whether_sigterm_sent_it():
     import signal
 
-    saved = signal.getsignal(signal.SIGTERM)
+    saved = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as Python sets it
         rundir.stop_on_sigterm()
         with pytest.raises(KeyboardInterrupt) as by_kill:
             signal.raise_signal(signal.SIGTERM)
     finally:
-        signal.signal(signal.SIGTERM, saved)
+        signal.signal(signal.SIGTERM, saved[0])
+        signal.signal(signal.SIGINT, saved[1])
     assert rundir.stopped_by_sigterm(by_kill.value)
     assert not rundir.stopped_by_sigterm(KeyboardInterrupt())  # Ctrl-C's

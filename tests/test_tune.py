@@ -3,6 +3,7 @@ placement groups, writes one row per trial and the plots, and `--resume` restore
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pandas as pd
@@ -71,7 +72,9 @@ def test_tiny_sweep_runs_reports_and_resumes(ray_session, tmp_path, capsys):
         {"privacy.epsilon": {"grid": [1, 8]}, "training.lr": {"loguniform": [0.01, 0.1]}},
     )
     out = tmp_path / "out"
+    ctrl_c = signal.getsignal(signal.SIGINT)
     assert main(["sweep", str(sweep), "--out", str(out), "--scheduler", "asha"]) == 0
+    assert signal.getsignal(signal.SIGINT) is ctrl_c  # Tune's handler would swallow Ctrl-C
     df = pd.read_parquet(out / "trials.parquet")
     assert len(df) == 2 and df["error"].isna().all()
     assert sorted(df["privacy.epsilon"]) == [1, 8]
