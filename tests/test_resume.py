@@ -199,17 +199,25 @@ def test_interrupt_stops_every_parallel_inline_run_and_starts_no_other(tmp_path,
         start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches
         stderr=subprocess.PIPE,
         text=True,
+        # a suite started in the background (`pytest ... &` from a script) has SIGINT ignored,
+        # and a child inherits that: Python then never installs its Ctrl-C handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    started = [staging_dir(out / "fedavg" / f"seed{s}") / "metrics.parquet" for s in (0, 1)]
-    deadline = time.monotonic() + 240
-    while not all(p.is_file() for p in started):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-        time.sleep(0.5)
-    if stop == "ctrl-c":
-        os.killpg(proc.pid, signal.SIGINT)
-    else:
-        proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=90) == 130
+    try:
+        started = [staging_dir(out / "fedavg" / f"seed{s}") / "metrics.parquet" for s in (0, 1)]
+        deadline = time.monotonic() + 240
+        while not all(p.is_file() for p in started):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.5)
+        if stop == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 130
+    finally:  # a failed test leaves no 500-round runs behind to slow the rest of the suite
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
     assert "Traceback" not in proc.stderr.read()
     for seed in (0, 1):
         assert unfinished(out / "fedavg" / f"seed{seed}").status == "interrupted"
