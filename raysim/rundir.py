@@ -15,7 +15,10 @@ import os
 import platform
 import shutil
 import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,6 +175,25 @@ def stop_on_sigterm() -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+@contextmanager
+def handlers_kept(*signums: int, only_python: bool = False) -> Iterator[None]:
+    """Put back the signal handlers that a library call replaces and leaves behind: ray.init
+    takes SIGTERM (its handler exits at once), Ray Tune's fit() takes SIGINT and SIGUSR1 (its
+    handler, left after a sweep, only sets a flag nothing reads: Ctrl-C and SIGTERM would do
+    nothing). ``only_python``: put back only a handler this process set itself, so that a
+    process that set none keeps the library's."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread handles signals (the libraries leave them alone too)
+        return
+    saved = {signum: signal.getsignal(signum) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None and (callable(handler) or not only_python):
+                signal.signal(signum, handler)
 
 
 def stopped_by_sigterm(exc: KeyboardInterrupt) -> bool:

@@ -12,13 +12,11 @@ import argparse
 import os
 import signal
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from raysim.config import ConfigError
+from raysim.rundir import handlers_kept
 from tune.space import Sweep, load_sweep, trial_config
 
 TUNE_DIR = "tune"
@@ -160,26 +158,6 @@ def _unfinished_trials(grid: Any) -> int:
     return sum(t.status not in ("TERMINATED", "ERROR") for t in trials)
 
 
-@contextmanager
-def _own_ctrl_c_kept() -> Iterator[None]:
-    """Put back the Ctrl-C handlers that Tune replaces while it runs and leaves behind after.
-
-    Tune's handler only sets a flag its finished loop no longer reads, so after a sweep in the
-    same process (a notebook, a script, the test suite) Ctrl-C and SIGTERM would do nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread handles signals (Tune then leaves them alone too)
-        return
-    names = ("SIGINT", "SIGUSR1")
-    saved = {n: signal.getsignal(getattr(signal, n)) for n in names if hasattr(signal, n)}
-    try:
-        yield
-    finally:
-        for name, handler in saved.items():
-            if handler is not None:
-                signal.signal(getattr(signal, name), handler)
-
-
 def sweep_main(args: argparse.Namespace) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -197,7 +175,7 @@ def sweep_main(args: argparse.Namespace) -> int:
         size_to_cluster(sweep, nodes)
         check_trials(sweep, nodes)  # before Tune: it would wait forever on a misfit
         out.mkdir(parents=True, exist_ok=True)
-        with _own_ctrl_c_kept():
+        with handlers_kept(signal.SIGINT, signal.SIGUSR1):
             grid = _tuner(sweep, args, out / TUNE_DIR).fit()
     finally:
         if started:

@@ -9,7 +9,6 @@ import logging
 import os
 import pickle
 import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raysim.config import RuntimeConfig
+from raysim.rundir import handlers_kept
 from raysim.runtime import reuse
 from raysim.runtime.checkpoint import checkpoint_due, save_checkpoint, write_partial_metrics
 from raysim.runtime.coordinator import (
@@ -49,13 +49,11 @@ def ensure_ray(rt: RuntimeConfig) -> bool:
     # ray.init takes SIGTERM over (its handler exits at once, status 1 or 15): a handler this
     # process set (the CLI's: stop the run as Ctrl-C does) is put back; the run's own cleanup
     # shuts Ray down.
-    caller = signal.getsignal(signal.SIGTERM)
-    if rt.address:
-        ray.init(address=rt.address, log_to_driver=False)
-    else:
-        start_local_ray()
-    if callable(caller) and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, caller)
+    with handlers_kept(signal.SIGTERM, only_python=True):
+        if rt.address:
+            ray.init(address=rt.address, log_to_driver=False)
+        else:
+            start_local_ray()
     RAY_STARTUP["ray_ready"] = process_age()
     return True
 
