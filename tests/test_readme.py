@@ -64,8 +64,6 @@ CASES: dict[str, tuple[list[str], bool]] = {
     ),
     "raysim sweep SWEEP.yaml [--scheduler asha]": ([], False),
     "raysim --help": ([], False),
-    "raysim compare configs/rdpcfl_fmnist_rotation.yaml --algorithms rdpcfl,ifca,local,fedavg "
-    "--seeds 0,1,2,3 --set rounds=18 --inline": (TINY_FMNIST, True),
     "raysim compare configs/rdpcfl_fmnist_rotation.yaml --inline --jobs 2 --algorithms rdpcfl "
     "--seeds 0,1 --set training.eval_every=10 --out results/e200-fmnist --resume": (
         TINY_FMNIST,
@@ -74,6 +72,8 @@ CASES: dict[str, tuple[list[str], bool]] = {
     "raysim compare configs/rdpcfl_fmnist_rotation.yaml --inline --jobs 2 "
     "--algorithms ifca,fedavg,local --seeds 0,1 --set training.eval_every=10 "
     "--set algorithm.num_clusters=4 --out results/e200-fmnist --resume": (TINY_FMNIST, True),
+    "raysim compare configs/rdpcfl_fmnist_rotation.yaml --algorithms rdpcfl,ifca,local,fedavg "
+    "--seeds 0,1,2,3 --set rounds=18 --inline": (TINY_FMNIST, True),
     "raysim sweep tune/sweeps/rdpcfl_eps_x_algorithm.yaml --out runs/sweep-eps [--num-samples N] "
     "[--scheduler asha] [--set rounds=6] [--max-concurrent 2]": (TINY_FMNIST, True),
     "raysim sweep tune/sweeps/rdpcfl_eps_x_algorithm.yaml --out runs/sweep-eps --resume": (
