@@ -77,7 +77,11 @@ def _progress(cfg: ExperimentConfig, label: str):
 class ProgressLines:
     """A line now and then instead of a bar, for runs side by side in one terminal (`compare
     --jobs N`: N bars would garble it) that take hours: each must still show that it moves, how
-    fast, and how long it has left."""
+    fast, and how long it has left. The rate is that of the last ``window`` rounds: a run's
+    rounds change cost as it goes (R-DPCFL's after E_c score every cluster model, ~2x), and a
+    mean over the whole run would keep promising the earlier rate for hours."""
+
+    window = 20  # two evaluation cycles at eval_every=10
 
     def __init__(self, cfg: ExperimentConfig, label: str, every: float = 60.0):
         self.cfg, self.label, self.every = cfg, label, every
@@ -94,7 +98,8 @@ class ProgressLines:
         if quiet or not self.cfg.runtime.progress:
             return
         self.last = time.monotonic()
-        per_round = sum(self.seconds) / len(self.seconds)
+        recent = self.seconds[-self.window :]
+        per_round = sum(recent) / len(recent)
         parts = [f"{self.label}: round {done}/{total}", f"{per_round:.1f} s/round"]
         if self.evaluated is not None:
             parts.append(f"accuracy {100 * self.evaluated[1]:.1f}% at round {self.evaluated[0]}")

@@ -159,6 +159,26 @@ def test_progress_lines_say_round_rate_accuracy_and_time_left(capsys):
     )
 
 
+def test_progress_lines_time_left_follows_the_recent_rounds(capsys):
+    """R-DPCFL's rounds after E_c cost ~2x the earlier ones: after `window` slower rounds the
+    rate and the time left are theirs, not the mean since the start."""
+    from raysim.cli import ProgressLines
+    from raysim.config import load_config
+
+    cfg = load_config(None, small_config(rounds=200, **{"runtime.progress": "true"}))
+    lines = ProgressLines(cfg, "rdpcfl seed 0", every=3600)
+    for r in range(1, 101):
+        lines.update({"round": r, "round_seconds": 40.0, "epsilon": 2.0})
+    for r in range(101, 101 + lines.window):
+        lines.update({"round": r, "round_seconds": 80.0, "epsilon": 3.0})
+    lines.every = 0
+    lines.update({"round": 121, "round_seconds": 80.0, "epsilon": 3.0})
+    # 79 rounds left at 80 s: 105 min (the whole-process mean, 47 s, would say 62)
+    assert capsys.readouterr().err == (
+        "rdpcfl seed 0: round 121/200, 80.0 s/round, eps 3.00, ~105 min left\n"
+    )
+
+
 def test_process_age_counts_from_the_start_of_the_process():
     """The start-up timeline's clock, against the parent's watch of a child that sleeps first."""
     code = "import time; time.sleep(1.5); from raysim.runtime.session import process_age; "
