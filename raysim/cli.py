@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,8 @@ class ProgressLines:
     def __init__(self, cfg: ExperimentConfig, label: str, every: float = 60.0):
         self.cfg, self.label, self.every = cfg, label, every
         self.last = time.monotonic()
-        self.seconds: list[float] = []  # this process's rounds (a resumed run's first is later)
+        # the last `window` rounds of this process (a resumed run's first is later)
+        self.seconds: deque[float] = deque(maxlen=self.window)
         self.evaluated: tuple[int, float] | None = None
 
     def update(self, row: dict[str, Any]) -> None:
@@ -98,8 +100,7 @@ class ProgressLines:
         if quiet or not self.cfg.runtime.progress:
             return
         self.last = time.monotonic()
-        recent = self.seconds[-self.window :]
-        per_round = sum(recent) / len(recent)
+        per_round = sum(self.seconds) / len(self.seconds)
         parts = [f"{self.label}: round {done}/{total}", f"{per_round:.1f} s/round"]
         if self.evaluated is not None:
             parts.append(f"accuracy {100 * self.evaluated[1]:.1f}% at round {self.evaluated[0]}")
