@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -209,6 +210,10 @@ def run_child(cmd: list[str], poll: list[Path] = ()) -> dict:
 
 def engine_rep(args: argparse.Namespace, tmp: Path, rep: int) -> dict:
     out = tmp / f"engine-{rep}"
+    # a rep run again (quiet_rep) writes where its contended try did: raysim refuses an --out
+    # that holds a run, so the try's directories go first
+    for path in (out, out.with_name(out.name + ".incomplete")):
+        shutil.rmtree(path, ignore_errors=True)
     sets = [x for s in workload(args) for x in ("--set", s)]
     cmd = [sys.executable, "-m", "raysim.cli", "run", str(CONFIG), "--out", str(out), *sets]
     # metrics.parquet appears in the staging directory (OUT.incomplete) as round 1 ends; OUT

@@ -80,3 +80,28 @@ def test_a_contended_rep_runs_again_up_to_the_retries() -> None:
     assert bench.quiet_rep("loop", 0, args, runs([None, 0.5]))["steal"] is None  # unreadable
     none = argparse.Namespace(retries=0)
     assert bench.quiet_rep("loop", 0, none, runs([0.4, 0.0]))["steal"] == 0.4
+
+
+def test_a_raysim_rep_run_again_writes_over_its_contended_try(tmp_path: Path, monkeypatch) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def fake_raysim(cmd: list[str], poll: list[Path]) -> dict:
+        out = Path(cmd[cmd.index("--out") + 1])
+        if out.exists() or poll[0].parent.exists():  # as `raysim run` refuses a used --out
+            raise RuntimeError(f"--out {out} already holds a run")
+        poll[0].parent.mkdir()  # the staging directory a run leaves behind when it is killed
+        out.mkdir()
+        pq.write_table(pa.table({"round_seconds": [2.0, 1.0, 1.0]}), out / "metrics.parquet")
+        (out / "summary.json").write_text('{"startup_seconds": {"first_round": 5.0}}')
+        return {"t0": 0.0, "wall": 9.0, "seen": 7.0, "steal": 0.0, "others": 0.3}
+
+    monkeypatch.setattr(bench, "run_child", fake_raysim)
+    args = argparse.Namespace(rounds=3, workers=2, clients=1000, dp=False, set=None, retries=2)
+
+    def rep() -> dict:
+        return bench.engine_rep(args, tmp_path, 0)
+
+    assert rep()["first_round"] == 5.0  # round 1 seen at 7.0 s, started at 0.0, lasted 2.0
+    # contended (others 30%): quiet_rep runs it twice more, into the same directories
+    assert bench.quiet_rep("raysim", 0, args, rep)["startup"] == {"first_round": 5.0}
