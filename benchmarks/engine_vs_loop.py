@@ -173,16 +173,19 @@ def run_child(cmd: list[str], poll: list[Path] = ()) -> dict:
     ticks, busy, (own0, reaped0) = cpu_ticks(), busy_ticks(), _own_and_reaped_ticks()
     t0 = time.time()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    peak, seen, tick = 0, None, 0
+    peak, seen, tick, pids = 0, None, 0, [proc.pid]
     used: dict[int, int] = {}  # the tree's processes: CPU ticks at their last reading
     while proc.poll() is None:
-        # every 1 s: one reading of a Ray tree's smaps costs ~40 ms of CPU (11 processes) that
-        # the run would otherwise have, and the loop's tree is one process
+        # every 1 s: the tree and its PSS (one reading of a Ray tree's smaps costs ~40 ms of CPU,
+        # 11 processes, that the run would otherwise have; the loop's tree is one process)
         if tick % 20 == 0:
             pids = tree_pids(proc.pid)
             peak = max(peak, pss_bytes(pids))
-            for pid in pids:
-                used[pid] = max(used.get(pid, 0), process_ticks(pid) or 0)
+        # every 0.05 s: the known processes' CPU ticks (one small read each), so that a process
+        # that ends between two tree scans, its ticks lost where nobody in the tree reaps it
+        # (Ray's workers, whose raylet is stopped first), misses at most its last 0.05 s
+        for pid in pids:
+            used[pid] = max(used.get(pid, 0), process_ticks(pid) or 0)
         if seen is None and any(p.exists() for p in poll):
             seen = time.time()
         tick += 1
