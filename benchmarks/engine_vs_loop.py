@@ -17,6 +17,8 @@ CPU time the hypervisor gave to other guests) and the share other processes on t
 (its busy time less the measured tree's and this script's: a job at nice 19 still takes CPU,
 docs/speed.md). A rep that the host or other processes took more than 5% from runs again, up to
 --retries times: on a shared VM, steal swings from 0 to over 30% within minutes.
+Both sides import raysim's sources byte-compiled (the script compiles them first, as Python
+does on a user's first run unless PYTHONDONTWRITEBYTECODE is set, as it is on this machine).
 The loop is `LocalTrainer` per client (torch.optim SGD; DP-SGD through Opacus), 2 torch threads,
 in PyTorch's default memory format (the engine trains convolutions channels-last on CPU).
 
@@ -211,6 +213,17 @@ def run_child(cmd: list[str], poll: list[Path] = ()) -> dict:
     }
 
 
+def byte_compile() -> bool:
+    """Byte-compile raysim's and the algorithms' sources into their __pycache__, as Python does
+    on a user's first run. Where PYTHONDONTWRITEBYTECODE is set (it is on the development
+    machine) nothing writes them, and every process of every run compiles them again: round 1
+    ~0.5-0.7 s later (docs/speed.md), a cost no user with Python's defaults pays twice. True if
+    they were written (or were already there)."""
+    import compileall
+
+    return all(compileall.compile_dir(ROOT / pkg, quiet=1) for pkg in ("raysim", "algorithms"))
+
+
 def engine_rep(args: argparse.Namespace, tmp: Path, rep: int) -> dict:
     out = tmp / f"engine-{rep}"
     # a rep run again (quiet_rep) writes where its contended try did: raysim refuses an --out
@@ -384,6 +397,8 @@ def main() -> None:
     if args.loop_child:
         loop_child(args)
         return
+    if not byte_compile():
+        print("warning: raysim's sources could not be byte-compiled; each process compiles them")
     cores = os.cpu_count() or 1
     peak = peak_gflops(cores)
     flops = flops_per_round(args)
