@@ -184,8 +184,8 @@ def run_child(cmd: list[str], poll: list[Path] = ()) -> dict:
             pids = tree_pids(proc.pid)
             peak = max(peak, pss_bytes(pids))
         # every 0.05 s: the known processes' CPU ticks (one small read each), so that a process
-        # that ends between two tree scans, its ticks lost where nobody in the tree reaps it
-        # (Ray's workers, whose raylet is stopped first), misses at most its last 0.05 s
+        # that ends between two tree scans, and whose ticks do not reach this script through
+        # its parent's wait (Ray's processes), misses at most its last 0.05 s
         for pid in pids:
             used[pid] = max(used.get(pid, 0), process_ticks(pid) or 0)
         if seen is None and any(p.exists() for p in poll):
@@ -221,7 +221,7 @@ def byte_compile() -> bool:
     they were written (or were already there)."""
     import compileall
 
-    return all(compileall.compile_dir(ROOT / pkg, quiet=1) for pkg in ("raysim", "algorithms"))
+    return all([compileall.compile_dir(ROOT / pkg, quiet=1) for pkg in ("raysim", "algorithms")])
 
 
 def engine_rep(args: argparse.Namespace, tmp: Path, rep: int) -> dict:
