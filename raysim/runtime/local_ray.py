@@ -32,6 +32,9 @@ import ray
 
 SKIPPED = ("start_monitor", "start_api_server", "start_log_monitor")
 POLL_S = 0.02  # between two looks at the GCS's node table (one look: ~0.5 ms of the GCS's time)
+# How long to watch before handing over to Ray's lookup: registration takes 1-2 s, and a raylet
+# that never registers is then reported by Ray (after its own 30 s) only this much later.
+WATCH_S = 10.0
 
 
 def _skip(*args: Any, **kwargs: Any) -> None:
@@ -84,7 +87,7 @@ def prompt_node_lookup() -> Iterator[bool]:
 def _prompt(lookup: Callable[[str, str], dict]) -> Callable[[str, str], dict]:
     def get_node(gcs_address: str, node_id: str) -> dict:
         try:
-            wait_until_registered(gcs_address, node_id, timeout_s=30.0)
+            wait_until_registered(gcs_address, node_id, timeout_s=WATCH_S)
         except Exception:  # noqa: BLE001 - Ray's lookup below waits (and reports) as it always did
             pass
         return lookup(gcs_address, node_id)
