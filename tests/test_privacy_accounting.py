@@ -201,3 +201,32 @@ def test_rdpcfl_phases_and_validation():
 def test_d_privacy_leakage():
     assert d_privacy_leakage(2.0, 0.5, 3) == pytest.approx(3.0)
     assert d_privacy_leakage(2.0, 0.5, 0) == 0.0
+
+
+def test_epsilon_is_remembered_by_value_and_never_confused():
+    """The same event, built anew, is answered from memory with the accountant's own number;
+    events that differ in any field (a multiplier, a count, a class, a relation) are not."""
+    from raysim.privacy import accounting
+
+    def event(z=1.3, steps=40, q=0.07):
+        return dpa.ComposedDpEvent([dpsgd_event([Phase(q, steps)], z), selection_event(0.05, 2)])
+
+    fresh = accounting.make_accountant("rdp").compose(event()).get_epsilon(1e-5)
+    before = accounting._epsilon.cache_info()
+    assert epsilon(event(), 1e-5) == fresh
+    assert epsilon(event(), 1e-5) == fresh  # a new but equal tree: from memory
+    after = accounting._epsilon.cache_info()
+    assert after.hits - before.hits >= 1
+    others = [
+        event(z=1.3000001),
+        event(steps=41),
+        event(q=0.0700001),
+        dpa.ComposedDpEvent([dpsgd_event([Phase(0.07, 40)], 1.3)]),
+        dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.07, dpa.GaussianDpEvent(1.3)), 40),
+        dpa.SampledWithoutReplacementDpEvent(1000, 70, dpa.GaussianDpEvent(1.3)),
+    ]
+    for other in others:
+        direct = make_accountant("rdp", neighboring_relation(other)).compose(other)
+        assert epsilon(other, 1e-5) == direct.get_epsilon(1e-5) != fresh
+    assert epsilon(event(), 1e-6) > fresh  # delta is part of the question
+    assert epsilon(event(), 1e-5, "pld") != fresh  # and so is the accountant
