@@ -1,8 +1,9 @@
 """Noise calibration: the smallest noise multiplier whose accounted epsilon meets a target.
 
-Calibration runs once per run (or per client schedule) before training, so it favours a simple
-bracket-and-bisect that always returns a value checked against the accountant: the result never
-exceeds the target, whatever the accountant's numerical quirks.
+Calibration runs once per run (or per client schedule) before training, and before Ray starts,
+so the user waits for it. It is a simple bracket-and-bisect that always returns a value checked
+against the accountant: the result never exceeds the target, whatever the accountant's numerical
+quirks. The bisection asks the accountant only where its answer is not already settled (below).
 """
 
 from __future__ import annotations
@@ -60,10 +61,8 @@ def calibrate_noise(
     if not 0 < rel_tol < 1:
         raise PrivacyConfigError(f"rel_tol must be in (0, 1), got {rel_tol}")
 
-    def eps(z: float) -> float:
-        return epsilon(make_event(z), delta, accountant)
-
-    floor = eps(z_max)
+    probe = _Probe(lambda z: epsilon(make_event(z), delta, accountant), target_epsilon)
+    floor = probe.value(z_max)
     if floor > target_epsilon:
         raise BudgetError(
             f"epsilon={target_epsilon} at delta={delta} cannot be met: even noise multiplier "
@@ -71,19 +70,99 @@ def calibrate_noise(
             "budget, or reduce the steps, sampling rate or fixed charges such as selections"
         )
     lo, hi = _bracket(
-        eps,
+        probe.value,
         target_epsilon,
         _start(make_event, target_epsilon, delta, accountant),
         z_max,
         2.0 if accountant == "pld" else 4.0,
     )
+    for _ in range(PREDICTIONS):  # settle the bisection's last step first (see _Probe)
+        if (guess := probe.crossing(floor)) is None:
+            break
+        last_lo, last_hi = _bisect(lambda z, guess=guess: z >= guess, lo, hi, rel_tol)
+        if probe.settles(last_lo, last_hi):
+            break
+    z = _bisect(probe.meets, lo, hi, rel_tol)[1]
+    if probe.value(z) <= target_epsilon:
+        return z
+    # epsilon did not decrease in z somewhere: ask at every step, as before the guesses
+    return _bisect(lambda z: probe.value(z) <= target_epsilon, lo, hi, rel_tol)[1]
+
+
+# How many times to guess the bisection's last interval before it asks the accountant at each
+# of its steps that earlier answers do not settle.
+PREDICTIONS = 3
+
+
+def _bisect(
+    meets: Callable[[float], bool], lo: float, hi: float, rel_tol: float
+) -> tuple[float, float]:
+    """Geometric bisection of (lo, hi] down to ``rel_tol``: the last (miss, meet) pair."""
     while hi > lo * (1 + rel_tol):
         mid = math.sqrt(lo * hi)
-        if eps(mid) <= target_epsilon:
+        if meets(mid):
             hi = mid
         else:
             lo = mid
-    return hi
+    return lo, hi
+
+
+class _Probe:
+    """Whether noise multiplier z meets the target, from the accountant or, where epsilon's
+    decrease in z settles it, from the answers so far: any z at or below one seen to miss
+    misses, any z at or above one seen to meet meets. One RDP answer costs 0.1-0.6 s of
+    pure Python (a PLD one more), and the bisection needed ~11 of them. So calibration first
+    guesses where epsilon crosses the target (``crossing``), follows the bisection's path to
+    its last interval under that guess, and asks the accountant about that interval's two ends
+    only. If they miss and meet, every step of the real bisection is settled by them, and it
+    returns the bits the bisection asking at every step returns: 6-9 answers in all instead of
+    14-16 (tests/test_privacy_calibration.py)."""
+
+    def __init__(self, eps: Callable[[float], float], target: float) -> None:
+        self.eps, self.target = eps, target
+        self.answers: dict[float, float] = {}
+        self.miss = 0.0  # the largest z seen to miss the target
+        self.meet = math.inf  # the smallest z seen to meet it
+
+    def value(self, z: float) -> float:
+        if z not in self.answers:
+            e = self.answers[z] = self.eps(z)
+            if e > self.target:
+                self.miss = max(self.miss, z)
+            else:
+                self.meet = min(self.meet, z)
+        return self.answers[z]
+
+    def meets(self, z: float) -> bool:
+        if z <= self.miss:
+            return False
+        if z >= self.meet:
+            return True
+        return self.value(z) <= self.target
+
+    def settles(self, lo: float, hi: float) -> bool:
+        """Asks about ``lo`` and ``hi`` where still unsettled: whether lo misses and hi meets."""
+        return not self.meets(lo) and self.meets(hi)
+
+    def crossing(self, floor: float) -> float | None:
+        """Where epsilon crosses the target: the line through the two answers nearest to it, in
+        log z against the log of epsilon above ``floor`` (its value at the largest z: what the
+        noise cannot take away, such as selections), which falls about as a power of z. The
+        nearest two rather than the nearest on either side: a far, steep answer on one side
+        would hold every guess on the other."""
+        if not (0 < self.miss < self.meet < math.inf) or not 0 <= floor < self.target:
+            return None
+        points = sorted(
+            (abs(y), math.log(z), y)
+            for z, e in self.answers.items()
+            if e > floor and math.isfinite(e) and z > 0
+            for y in [math.log((e - floor) / (self.target - floor))]
+        )
+        if len(points) < 2 or points[0][2] == points[1][2]:
+            return None
+        (_, x1, y1), (_, x2, y2) = points[:2]
+        guess = math.exp(x1 - y1 * (x2 - x1) / (y2 - y1))
+        return guess if self.miss < guess < self.meet else math.sqrt(self.miss * self.meet)
 
 
 def _start(
