@@ -230,3 +230,16 @@ def test_epsilon_is_remembered_by_value_and_never_confused():
         assert epsilon(other, 1e-5) == direct.get_epsilon(1e-5) != fresh
     assert epsilon(event(), 1e-6) > fresh  # delta is part of the question
     assert epsilon(event(), 1e-5, "pld") != fresh  # and so is the accountant
+
+
+def test_an_event_whose_contents_do_not_hash_is_asked_anew():
+    import attr
+
+    @attr.define(frozen=True)
+    class Tagged(dpa.DpEvent):
+        event: dpa.DpEvent
+        tags: dict  # does not hash
+
+    inner = dpsgd_event([Phase(0.07, 40)], 1.3)
+    with pytest.raises(PrivacyConfigError, match="cannot account"):  # not a TypeError
+        epsilon(Tagged(inner, {"a": 1}), 1e-5)

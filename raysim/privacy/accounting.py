@@ -193,7 +193,11 @@ def epsilon(event: dpa.DpEvent, delta: float, accountant: AccountantKind = "rdp"
     that calibrates one schedule probes the same noise multipliers; one RDP answer on the default
     orders costs 0.1-0.6 s of pure Python)."""
     _check_delta(delta)
-    return _epsilon(_ByValue(event), float(delta), accountant)
+    try:
+        key = _ByValue(event)
+    except TypeError:  # contents that do not hash (no event of raysim's): asked anew
+        return float(_accountant_for(event, accountant).get_epsilon(delta))
+    return _epsilon(key, float(delta), accountant)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -205,14 +209,15 @@ class _ByValue:
     """A DpEvent compared and hashed by its contents: dp_accounting's events are frozen attrs
     classes, but a composition holds a list, so they do not hash."""
 
-    __slots__ = ("event", "key")
+    __slots__ = ("event", "key", "_hash")
 
     def __init__(self, event: dpa.DpEvent) -> None:
         self.event = event
         self.key = _contents(event)
+        self._hash = hash(self.key)  # TypeError here, not inside the cache
 
     def __hash__(self) -> int:
-        return hash(self.key)
+        return self._hash
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _ByValue) and self.key == other.key
