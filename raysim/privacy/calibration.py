@@ -155,7 +155,7 @@ class _Probe:
         points = sorted(
             (abs(y), math.log(z), y)
             for z, e in self.answers.items()
-            if e > floor and math.isfinite(e) and z > 0
+            if e > floor and math.isfinite(e)
             for y in [math.log((e - floor) / (self.target - floor))]
         )
         if len(points) < 2 or points[0][2] == points[1][2]:
