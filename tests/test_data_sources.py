@@ -6,6 +6,8 @@ import gzip
 import os
 import pickle
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -186,3 +188,26 @@ def test_real_offline_files(name: str) -> None:
     assert base.x.shape == (70000, 1, 28, 28)
     assert np.bincount(base.y).tolist() == EXPECTED_LABEL_COUNTS[name]
     assert abs(float(base.x.mean())) < 0.01 and abs(float(base.x.std()) - 1) < 0.01
+
+
+def test_digits_are_scikit_learns_without_importing_it() -> None:
+    """The digits come from the CSV scikit-learn ships, read without importing scikit-learn
+    (~1.9 s before Ray may start): the same pixels and labels as its own loader."""
+    code = (
+        "import sys; from raysim.data.sources import load_digits; d = load_digits(); "
+        "print('sklearn' in sys.modules, d.pixels.shape)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["False", "(1797,", "1,", "8,", "8)"], out.stdout + out.stderr
+    from sklearn.datasets import load_digits as sklearn_load_digits
+
+    from raysim.data.sources import _sklearn_digits, load_digits
+
+    ours, reference = _sklearn_digits(), sklearn_load_digits()
+    assert np.array_equal(ours[0], reference.images) and ours[0].dtype == reference.images.dtype
+    assert np.array_equal(ours[1], reference.target)
+    base = load_digits()
+    assert np.array_equal(base.pixels[:, 0], reference.images.astype(np.uint8))
+    assert np.array_equal(base.y, reference.target)

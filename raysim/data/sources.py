@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import importlib.util
 import os
 import pickle
 import shutil
@@ -172,12 +173,27 @@ class PixelCodec:
 
 def load_digits() -> BaseData:
     """scikit-learn's 8x8 digits (always available offline), as (1797, 1, 8, 8)."""
-    from sklearn.datasets import load_digits as _sk_digits
-
-    d = _sk_digits()
-    pixels = d.images.astype(np.uint8)[:, None]  # integers 0..16
+    images, target = _sklearn_digits()
+    pixels = images.astype(np.uint8)[:, None]  # integers 0..16
     codec = PixelCodec("digits")
-    return BaseData(None, d.target.astype(np.int64), 10, "classification", None, pixels, codec)
+    return BaseData(None, target.astype(np.int64), 10, "classification", None, pixels, codec)
+
+
+def _sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
+    """(images (1797, 8, 8), labels) from the CSV scikit-learn ships, read as its
+    ``load_digits`` reads it, but without importing scikit-learn: that import (scipy.stats with
+    it) took ~1.9 s of the demo's serial start-up, before Ray may start, to read a 25 kB file.
+    scikit-learn's own loader where the file is not where it has always been."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec else None
+    if path is None or not path.is_file():
+        from sklearn.datasets import load_digits as sklearn_load_digits
+
+        d = sklearn_load_digits()
+        return d.images, d.target
+    with gzip.open(path, "rt") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
 
 
 # ----------------------------------------------------------------------------- IDX (MNIST family)
