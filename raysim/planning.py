@@ -22,8 +22,8 @@ from raysim.training import TrainConfig, sampling_plan
 
 def refuse_over_budget(planned_epsilon: Callable[[], float], privacy: PrivacyConfig) -> None:
     """With a fixed noise multiplier, the plan must still fit the budget (privacy.epsilon). The
-    planned spend is computed only where there is a budget: it loads dp_accounting (~1.4 s of
-    the start-up's serial part), which a run without a budget needs only at its first charge."""
+    planned spend is computed only where there is a budget: it loads the accountant (with scipy,
+    in the start-up's serial part), which a run without a budget needs only at its first charge."""
     if privacy.epsilon is None:
         return
     planned = planned_epsilon()
@@ -82,7 +82,7 @@ class SampleLevelPlan:
         return privacy_lib.dpsgd_event([self.schedule(n)[round - 1]], self.noise[n])
 
     def planned_event(self, n: int) -> Any:
-        from dp_accounting import ComposedDpEvent  # loads on first use (raysim/privacy)
+        from dp_accounting.dp_event import ComposedDpEvent
 
         count, sel_eps = self.selections
         return ComposedDpEvent(
@@ -134,7 +134,7 @@ class CentralPlan:
             self.id_noise = None if self.id_noise_ratio is None else ratio * self.id_noise_ratio
 
             def planned() -> float:
-                from dp_accounting import SelfComposedDpEvent  # loads on first use
+                from dp_accounting.dp_event import SelfComposedDpEvent
 
                 event = SelfComposedDpEvent(self.round_event(), self.rounds)
                 return privacy_lib.epsilon(event, p.delta, p.accountant)

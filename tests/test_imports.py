@@ -19,8 +19,8 @@ def test_worker_imports_leave_out_the_accountant_and_scipy_stats() -> None:
     loop load neither dp_accounting nor scipy.stats: ~1 s and ~50 MiB in every process."""
     code = (
         "import sys, algorithms, raysim.runtime.worker, raysim.rounds; "
-        "print(sorted(m for m in ('dp_accounting', 'scipy.stats', 'scipy.signal', 'opacus', "
-        "'sklearn') if m in sys.modules))"
+        "print(sorted(m for m in ('dp_accounting.rdp', 'dp_accounting.pld', 'scipy.stats', "
+        "'scipy.signal', 'opacus', 'sklearn') if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
@@ -69,7 +69,7 @@ def test_a_ledger_without_charges_never_loads_the_accountant() -> None:
         "    led.check_budget(); s = led.summary()\n"
         "    assert s['max_epsilon'] == s['population_epsilon'] == 0.0 == led.epsilon(3), s\n"
         "    led.rows()\n"
-        "print('dp_accounting' in sys.modules)"
+        "print(any(m in sys.modules for m in ('dp_accounting.rdp', 'dp_accounting.pld')))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
@@ -90,7 +90,7 @@ from raysim.training import TrainConfig
 cfg = TrainConfig(lr=0.1, batch_size=4, dp_noise_multiplier=1.0, dp_clip=1.0)
 rel = release_dpsgd(None, cfg, 40, 10)
 sel = privacy.selection_event(0.5, 2)
-heavy = ("dp_accounting", "dp_accounting.pld", "scipy.stats", "scipy.signal")
+heavy = ("dp_accounting.rdp", "dp_accounting.pld", "scipy.stats", "scipy.signal")
 print(sorted(m for m in heavy if m in sys.modules))
 import dp_accounting
 from raysim.privacy import Phase, dpsgd_event, epsilon
@@ -124,3 +124,32 @@ print(x.shape, "pandas" in sys.modules, "pyarrow.compute" in sys.modules)
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip().endswith(" False False"), out.stdout + out.stderr
+
+
+def test_calibration_runs_without_dp_accountings_package_init() -> None:
+    """Calibrating a schedule (before Ray starts) loads the RDP accountant but not
+    dp_accounting's package __init__, whose PLD and calibration code load scipy.signal, .stats
+    and .optimize (~1.2 CPU-s). Code that then uses the package as usual finds it whole, with
+    the same classes, and the PLD accountant answers."""
+    code = """
+import sys
+from raysim import privacy
+phases = [privacy.Phase(0.05, 40)] * 10
+z = privacy.calibrate_dpsgd(phases, 4.0, 1e-5)
+heavy = ("dp_accounting.pld", "dp_accounting.mechanism_calibration", "scipy.stats",
+         "scipy.signal", "scipy.optimize")
+print(sorted(m for m in heavy if m in sys.modules), "dp_accounting.rdp" in sys.modules)
+import dp_accounting
+from dp_accounting import pld
+from dp_accounting.dp_event import GaussianDpEvent
+from raysim.privacy.events import gaussian
+assert dp_accounting.GaussianDpEvent is GaussianDpEvent is type(gaussian(1.0))
+assert dp_accounting.pld is pld and hasattr(pld, "PLDAccountant")
+event = privacy.dpsgd_event(phases, z)
+rdp, pld_eps = privacy.epsilon(event, 1e-5), privacy.epsilon(event, 1e-5, "pld")
+print(rdp <= 4.0, 0 < pld_eps <= rdp)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split("\n")[:2] == ["[] True", "True True"], out.stdout + out.stderr

@@ -114,9 +114,9 @@ class Distributed(PrivacyMode):
             event = self.noise_cohort.event(releases, z)
 
             def planned() -> float:
-                import dp_accounting as dpa  # loads on first use (raysim/privacy/__init__.py)
+                from dp_accounting import dp_event
 
-                total = event if fixed is None else dpa.ComposedDpEvent([fixed, event])
+                total = event if fixed is None else dp_event.ComposedDpEvent([fixed, event])
                 return privacy_lib.epsilon(total, p.delta, p.accountant)
 
             refuse_over_budget(planned, p)

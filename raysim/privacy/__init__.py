@@ -2,9 +2,11 @@
 
 Plain numpy and ``dp_accounting``: nothing here knows about Ray, the config or the algorithms.
 
-Accounting, calibration and the ledger load on first use (PEP 562): importing ``dp_accounting``
-pulls in scipy.stats and scipy.signal (~1 s and ~50 MiB per process), which a client worker of
-a run without DP never needs. The mechanisms and the release types load at once.
+Accounting, calibration and the ledger load on first use (PEP 562): the accountant pulls in
+scipy (~0.3 s), which a client worker of a run without DP never needs. dp_accounting's own
+``__init__``, which loads scipy.stats and scipy.signal (~1.2 s and ~50 MiB per process), runs
+only where a name it defines is used (``raysim.privacy.on_demand``). The mechanisms and the
+release types load at once.
 """
 
 from importlib import import_module
@@ -23,8 +25,11 @@ from raysim.privacy.mechanisms import (
     privatize_onehot,
 )
 from raysim.privacy.metric_ledger import MetricLedger, MetricRelease
+from raysim.privacy.on_demand import package_on_demand
 from raysim.privacy.phase import Phase
 from raysim.privacy.release import MetricLeakage, Released, postprocess
+
+package_on_demand("dp_accounting")  # before the modules below import from it
 
 _LAZY = {
     **dict.fromkeys(

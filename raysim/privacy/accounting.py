@@ -24,15 +24,12 @@ import math
 from typing import Any, Literal
 
 import attr
-import dp_accounting as dpa
 import numpy as np
-from dp_accounting.pld import common as pld_common
-from dp_accounting.pld import pld_privacy_accountant
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dp_accounting import privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from raysim.privacy.errors import PrivacyConfigError
-from raysim.privacy.events import BoundedRangeDpEvent, dpsgd_event, selection_event
+from raysim.privacy.events import BoundedRangeDpEvent, dp_event, dpsgd_event, selection_event
 from raysim.privacy.events import gaussian as _gaussian
 from raysim.privacy.phase import Phase
 
@@ -67,7 +64,7 @@ __all__ = [
 ]
 
 AccountantKind = Literal["rdp", "pld"]
-NeighborRel = dpa.NeighboringRelation
+NeighborRel = privacy_accountant.NeighboringRelation
 
 # PLD discretization: 1e-4 is dp_accounting's default; errors stay pessimistic (upper bounds).
 PLD_DISCRETIZATION = 1e-4
@@ -82,7 +79,7 @@ class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):
                 eps = event.epsilon
                 self._rdp += count * np.minimum(self._orders * eps * eps / 8.0, eps)
             return None
-        if isinstance(event, dpa.ComposedDpEvent) and do_compose:
+        if isinstance(event, dp_event.ComposedDpEvent) and do_compose:
             # RDP adds up under composition, so k identical events (e.g. the same DP-SGD round
             # charged every round) cost k times one: computing each distinct event once makes
             # calibration and `raysim privacy` an order of magnitude faster, with equal numbers.
@@ -98,63 +95,20 @@ class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):
         return super()._maybe_compose(event, count, do_compose)
 
 
-def _gaussian_composition_multiplier(event: dpa.DpEvent) -> float | None:
-    """Noise multiplier of the single Gaussian equivalent to a composition of Gaussians.
-
-    Gaussians with multipliers z_i released on the same data are one Gaussian with
-    1/z^2 = sum 1/z_i^2 (McMahan et al. 2018, sec. 3). None if the tree holds anything else.
-    """
-    if isinstance(event, dpa.GaussianDpEvent):
-        return event.noise_multiplier
-    if isinstance(event, dpa.SelfComposedDpEvent):
-        z = _gaussian_composition_multiplier(event.event)
-        return None if z is None else z / math.sqrt(event.count)
-    if isinstance(event, dpa.ComposedDpEvent):
-        zs = [_gaussian_composition_multiplier(e) for e in event.events]
-        if any(z is None for z in zs):
-            return None
-        return sum(z**-2 for z in zs) ** -0.5
-    return None
-
-
-class _PldAccountant(pld_privacy_accountant.PLDAccountant):
-    """dp_accounting's PLD accountant plus bounded-range events and sampled Gaussian groups."""
-
-    def privacy_loss_distribution(self) -> pld_lib.PrivacyLossDistribution | None:
-        """The composed PLD; None once a non-private event was composed (epsilon = inf)."""
-        return None if self._contains_non_dp_event else self._pld
-
-    def _maybe_compose(self, event, count, do_compose):
-        if isinstance(event, BoundedRangeDpEvent):
-            if do_compose:
-                params = pld_common.DifferentialPrivacyParameters(event.epsilon, 0.0)
-                pld = pld_lib.from_privacy_parameters(params, self._value_discretization_interval)
-                self._pld = self._pld.compose(pld.self_compose(count))
-            return None
-        if isinstance(event, dpa.PoissonSampledDpEvent) and not isinstance(
-            event.event, dpa.GaussianDpEvent
-        ):
-            z = _gaussian_composition_multiplier(event.event)
-            if z is not None:
-                flat = dpa.PoissonSampledDpEvent(event.sampling_probability, dpa.GaussianDpEvent(z))
-                return super()._maybe_compose(flat, count, do_compose)
-        return super()._maybe_compose(event, count, do_compose)
-
-
-def _walk(event: dpa.DpEvent):
+def _walk(event: dp_event.DpEvent):
     yield event
-    if isinstance(event, dpa.ComposedDpEvent):
+    if isinstance(event, dp_event.ComposedDpEvent):
         for e in event.events:
             yield from _walk(e)
     elif hasattr(event, "event"):
         yield from _walk(event.event)
 
 
-def neighboring_relation(event: dpa.DpEvent) -> NeighborRel:
+def neighboring_relation(event: dp_event.DpEvent) -> NeighborRel:
     """The relation an event must be accounted under (see module docstring)."""
     kinds = {type(e) for e in _walk(event)}
-    if dpa.SampledWithoutReplacementDpEvent in kinds:
-        if dpa.PoissonSampledDpEvent in kinds:
+    if dp_event.SampledWithoutReplacementDpEvent in kinds:
+        if dp_event.PoissonSampledDpEvent in kinds:
             raise PrivacyConfigError(
                 "an event mixes Poisson sampling (add/remove-one relation) with fixed-size "
                 "sampling without replacement (replace-one relation); account them separately"
@@ -165,20 +119,24 @@ def neighboring_relation(event: dpa.DpEvent) -> NeighborRel:
 
 def make_accountant(
     kind: AccountantKind = "rdp", relation: NeighborRel = NeighborRel.ADD_OR_REMOVE_ONE
-) -> dpa.PrivacyAccountant:
+) -> privacy_accountant.PrivacyAccountant:
     """A fresh accountant of ``kind`` ("rdp" with dp_accounting's default orders, or "pld")."""
     if kind == "rdp":
         return _RdpAccountant(neighboring_relation=relation)
     if kind == "pld":
-        return _PldAccountant(relation, value_discretization_interval=PLD_DISCRETIZATION)
+        from raysim.privacy.pld import PldAccountant
+
+        return PldAccountant(relation, value_discretization_interval=PLD_DISCRETIZATION)
     raise PrivacyConfigError(f"accountant must be 'rdp' or 'pld', got {kind!r}")
 
 
-def _accountant_for(event: dpa.DpEvent, kind: AccountantKind) -> dpa.PrivacyAccountant:
+def _accountant_for(
+    event: dp_event.DpEvent, kind: AccountantKind
+) -> privacy_accountant.PrivacyAccountant:
     accountant = make_accountant(kind, neighboring_relation(event))
     try:
         return accountant.compose(event)
-    except dpa.UnsupportedEventError as err:
+    except privacy_accountant.UnsupportedEventError as err:
         raise PrivacyConfigError(f"the {kind} accountant cannot account this event: {err}") from err
 
 
@@ -187,7 +145,7 @@ def _check_delta(delta: float) -> None:
         raise PrivacyConfigError(f"delta must be in (0, 1), got {delta}")
 
 
-def epsilon(event: dpa.DpEvent, delta: float, accountant: AccountantKind = "rdp") -> float:
+def epsilon(event: dp_event.DpEvent, delta: float, accountant: AccountantKind = "rdp") -> float:
     """Epsilon of ``event`` at ``delta`` (an upper bound for both accountants). Remembered for
     the process: the same event is asked for again and again (every run of `raysim compare`
     that calibrates one schedule probes the same noise multipliers; one RDP answer on the default
@@ -211,7 +169,7 @@ class _ByValue:
 
     __slots__ = ("event", "key", "_hash")
 
-    def __init__(self, event: dpa.DpEvent) -> None:
+    def __init__(self, event: dp_event.DpEvent) -> None:
         self.event = event
         self.key = _contents(event)
         self._hash = hash(self.key)  # TypeError here, not inside the cache
@@ -233,7 +191,7 @@ def _contents(value: Any) -> Any:
     return (type(value), value)
 
 
-def delta_for(event: dpa.DpEvent, epsilon: float, accountant: AccountantKind = "rdp") -> float:
+def delta_for(event: dp_event.DpEvent, epsilon: float, accountant: AccountantKind = "rdp") -> float:
     """Delta of ``event`` at ``epsilon``."""
     if not epsilon >= 0:
         raise PrivacyConfigError(f"epsilon must be >= 0, got {epsilon}")
@@ -270,7 +228,7 @@ def central_round_event(
     sampling: Literal["poisson", "without_replacement"] = "poisson",
     population: int | None = None,
     cohort: int | None = None,
-) -> dpa.DpEvent:
+) -> dp_event.DpEvent:
     """One round of client-level central DP (RR-Cluster, Theorem 1).
 
     The round releases the identifier Gaussian (if any) and the per-cluster model Gaussian on the
@@ -279,13 +237,13 @@ def central_round_event(
     ``"poisson"`` (rate q, add/remove-one client) or ``"without_replacement"`` (fixed ``cohort``
     out of ``population``, replace-one client; cohort defaults to round(q * population)).
     """
-    inner: dpa.DpEvent = _gaussian(model_noise_multiplier)
+    inner: dp_event.DpEvent = _gaussian(model_noise_multiplier)
     if id_noise_multiplier is not None:
-        inner = dpa.ComposedDpEvent([_gaussian(id_noise_multiplier), inner])
+        inner = dp_event.ComposedDpEvent([_gaussian(id_noise_multiplier), inner])
     if sampling == "poisson":
         if not 0 < sampling_rate <= 1:
             raise PrivacyConfigError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
-        return inner if sampling_rate == 1 else dpa.PoissonSampledDpEvent(sampling_rate, inner)
+        return inner if sampling_rate == 1 else dp_event.PoissonSampledDpEvent(sampling_rate, inner)
     if sampling == "without_replacement":
         if population is None or population < 1:
             raise PrivacyConfigError("sampling without replacement needs the population size")
@@ -293,7 +251,7 @@ def central_round_event(
             cohort = round(sampling_rate * population)
         if not 1 <= cohort <= population:
             raise PrivacyConfigError(f"cohort must be in [1, {population}], got {cohort}")
-        return dpa.SampledWithoutReplacementDpEvent(int(population), int(cohort), inner)
+        return dp_event.SampledWithoutReplacementDpEvent(int(population), int(cohort), inner)
     raise PrivacyConfigError(
         f"sampling must be 'poisson' or 'without_replacement', got {sampling!r}"
     )
@@ -307,14 +265,14 @@ def central_event(
     sampling: Literal["poisson", "without_replacement"] = "poisson",
     population: int | None = None,
     cohort: int | None = None,
-) -> dpa.DpEvent:
+) -> dp_event.DpEvent:
     """``rounds`` adaptive compositions of :func:`central_round_event` (Theorem 1's factor T)."""
     if rounds < 0:
         raise PrivacyConfigError(f"rounds must be >= 0, got {rounds}")
     one = central_round_event(
         sampling_rate, model_noise_multiplier, id_noise_multiplier, sampling, population, cohort
     )
-    return dpa.SelfComposedDpEvent(one, int(rounds)) if rounds else dpa.NoOpDpEvent()
+    return dp_event.SelfComposedDpEvent(one, int(rounds)) if rounds else dp_event.NoOpDpEvent()
 
 
 def d_privacy_leakage(epsilon_per_round: float, radius: float, rounds_participated: int) -> float:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-import dp_accounting as dpa
+from dp_accounting import dp_event
 
 from raysim.privacy.accounting import (
     AccountantKind,
@@ -45,7 +45,7 @@ def _check_target(target_epsilon: float, delta: float) -> None:
 
 
 def calibrate_noise(
-    make_event: Callable[[float], dpa.DpEvent],
+    make_event: Callable[[float], dp_event.DpEvent],
     target_epsilon: float,
     delta: float,
     accountant: AccountantKind = "rdp",
@@ -166,7 +166,7 @@ class _Probe:
 
 
 def _start(
-    make_event: Callable[[float], dpa.DpEvent], target: float, delta: float, kind: str
+    make_event: Callable[[float], dp_event.DpEvent], target: float, delta: float, kind: str
 ) -> float:
     """Where to start bracketing. PLD starts from the (cheap) RDP answer, which lies close
     above it: PLD at very small z is slow and needs gigabytes, so it must never be probed there.
@@ -220,8 +220,8 @@ def calibrate_dpsgd(
         raise PrivacyConfigError("selections > 0 need selection_epsilon > 0")
     selection = selection_event(selection_epsilon, selections)
 
-    def make_event(z: float) -> dpa.DpEvent:
-        return dpa.ComposedDpEvent([dpsgd_event(phases, z), selection])
+    def make_event(z: float) -> dp_event.DpEvent:
+        return dp_event.ComposedDpEvent([dpsgd_event(phases, z), selection])
 
     return calibrate_noise(make_event, target_epsilon, delta, accountant, rel_tol)
 
@@ -254,7 +254,7 @@ def calibrate_central(
     if id_noise_ratio is not None and not id_noise_ratio > 0:
         raise PrivacyConfigError(f"id_noise_ratio must be > 0, got {id_noise_ratio}")
 
-    def make_event(z: float) -> dpa.DpEvent:
+    def make_event(z: float) -> dp_event.DpEvent:
         z_id = None if id_noise_ratio is None else id_noise_ratio * z
         return central_event(rounds, sampling_rate, z, z_id, sampling, population, cohort)
 

@@ -29,7 +29,7 @@ from raysim import privacy as privacy_lib
 from raysim.privacy.errors import PrivacyConfigError
 
 if TYPE_CHECKING:  # the accountant loads on first use (raysim/privacy/__init__.py)
-    import dp_accounting as dpa
+    from dp_accounting import dp_event
 
     from raysim.privacy.accounting import AccountantKind
 
@@ -64,11 +64,11 @@ class NoiseCohort:
         """delta = population^-1.1 (the PINA paper's choice, after McMahan et al. 2018)."""
         return float(self.population) ** -1.1
 
-    def event(self, rounds: int, noise_multiplier: float) -> dpa.DpEvent:
+    def event(self, rounds: int, noise_multiplier: float) -> dp_event.DpEvent:
         """``rounds`` Poisson-sampled Gaussian releases at rate ``q`` (one per round)."""
         return privacy_lib.central_event(rounds, self.sampling_rate, noise_multiplier)
 
-    def round_event(self, noise_multiplier: float) -> dpa.DpEvent:
+    def round_event(self, noise_multiplier: float) -> dp_event.DpEvent:
         """One secure-sum release: the Poisson-sampled Gaussian charged to the population."""
         return privacy_lib.central_round_event(self.sampling_rate, noise_multiplier)
 
@@ -79,7 +79,7 @@ class NoiseCohort:
         delta: float | None = None,
         accountant: AccountantKind = "rdp",
         rel_tol: float = 1e-3,
-        fixed: dpa.DpEvent | None = None,
+        fixed: dp_event.DpEvent | None = None,
     ) -> float:
         """Smallest noise multiplier ``z`` meeting ``(target_epsilon, delta)`` over ``rounds``.
 
@@ -92,10 +92,10 @@ class NoiseCohort:
                 rounds, q, target_epsilon, d, accountant=accountant, rel_tol=rel_tol
             ).model
 
-        import dp_accounting as dpa  # loads on first use (raysim/privacy/__init__.py)
+        from dp_accounting import dp_event
 
-        def make_event(z: float) -> dpa.DpEvent:
-            return dpa.ComposedDpEvent([fixed, self.event(rounds, z)])
+        def make_event(z: float) -> dp_event.DpEvent:
+            return dp_event.ComposedDpEvent([fixed, self.event(rounds, z)])
 
         return privacy_lib.calibrate_noise(make_event, target_epsilon, d, accountant, rel_tol)
 
@@ -127,12 +127,12 @@ def noise_share(
     return rng.normal(0.0, std / math.sqrt(cohort), size=shape)
 
 
-def local_gaussian_event(noise_multiplier: float) -> dpa.DpEvent:
+def local_gaussian_event(noise_multiplier: float) -> dp_event.DpEvent:
     """One client's local Gaussian release (PINA's sketch), not amplified: the server sees who
     sent it. Multiplier = std / sensitivity under zero-out adjacency (sensitivity = the clip)."""
-    import dp_accounting as dpa
+    from dp_accounting import dp_event
 
-    return dpa.GaussianDpEvent(noise_multiplier)
+    return dp_event.GaussianDpEvent(noise_multiplier)
 
 
 def calibrate_local(

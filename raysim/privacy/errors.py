@@ -2,8 +2,7 @@
 
 Both errors derive from ``ValueError`` so that callers validating a configuration can catch one
 type. The checks live here, not beside the calibration, so that checking a request does not load
-dp_accounting (its package loads scipy.signal and scipy.stats: ~1.4 s in the start-up's serial
-part of every sample-level DP run).
+the accountant (with scipy, in the start-up's serial part of every sample-level DP run).
 """
 
 

@@ -1,54 +1,20 @@
 """The DpEvents a client releases with its output (DP-SGD steps, private cluster selections).
 
 Clients build these in every worker, on every release; the accountant reads them only in the
-coordinator. ``import dp_accounting`` runs the package's ``__init__``, which loads its PLD and
-calibration code and through them scipy.signal, scipy.stats and scipy.optimize: ~1.2 CPU-s and
-~50 MiB in every worker, paid in round 1 while the run waits. The event classes themselves live
-in ``dp_accounting.dp_event``, which needs only the standard library and ``attr``. So this module
-loads that one file as ``dp_accounting.dp_event`` when the package is not loaded yet; when the
-package loads later (the coordinator's accountant), its ``__init__`` finds the module already in
-``sys.modules`` and uses it: one set of classes per process either way
-(tests/test_imports.py). Where the package is loaded already, this is a plain import.
+coordinator. The event classes come from ``dp_accounting.dp_event`` alone, which needs only the
+standard library and ``attr``: the rest of dp_accounting does not load with them
+(``raysim.privacy.on_demand``).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Sequence
-from types import ModuleType
 
 import attr
+from dp_accounting import dp_event
 
 from raysim.privacy.errors import PrivacyConfigError
 from raysim.privacy.phase import Phase
-
-_NAME = "dp_accounting.dp_event"
-
-
-def _dp_event() -> ModuleType:
-    if _NAME in sys.modules or "dp_accounting" in sys.modules:
-        return importlib.import_module(_NAME)
-    package = importlib.util.find_spec("dp_accounting")  # finds it; runs none of it
-    locations = package.submodule_search_locations if package else None
-    spec = (
-        importlib.util.spec_from_file_location(_NAME, f"{locations[0]}/dp_event.py")
-        if locations
-        else None
-    )
-    if spec is None or spec.loader is None:  # an unusual install: the plain import
-        return importlib.import_module(_NAME)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[_NAME] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[_NAME]
-        raise
-    return module
-
-
-dp_event = _dp_event()
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)

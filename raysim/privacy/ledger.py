@@ -26,7 +26,7 @@ import numpy as np
 from raysim.privacy.errors import BudgetError, PrivacyConfigError
 
 if TYPE_CHECKING:
-    import dp_accounting as dpa
+    from dp_accounting import dp_event
 
     from raysim.privacy.accounting import AccountantKind, NeighborRel
 
@@ -50,7 +50,7 @@ class _RdpStates:
     def root(self) -> np.ndarray:
         return np.zeros_like(self.orders)
 
-    def of_event(self, event: dpa.DpEvent) -> np.ndarray:
+    def of_event(self, event: dp_event.DpEvent) -> np.ndarray:
         from raysim.privacy import accounting
 
         acc = accounting.make_accountant("rdp", accounting.neighboring_relation(event))
@@ -78,7 +78,7 @@ class _PldStates:
 
         return pld_lib.identity(PLD_DISCRETIZATION)
 
-    def of_event(self, event: dpa.DpEvent):
+    def of_event(self, event: dp_event.DpEvent):
         from raysim.privacy import accounting
 
         acc = accounting.make_accountant("pld", accounting.neighboring_relation(event))
@@ -100,14 +100,14 @@ class _Node:
     refs: int = 0  # accounts currently on this node
 
 
-def _sampling_relation(event: dpa.DpEvent) -> NeighborRel | None:
+def _sampling_relation(event: dp_event.DpEvent) -> NeighborRel | None:
     """The relation a sampling event fixes, or None when the event has no sampling."""
-    import dp_accounting as dpa
+    from dp_accounting import dp_event
 
     from raysim.privacy import accounting
 
     kinds = {type(e) for e in accounting._walk(event)}  # noqa: SLF001 (same package)
-    if kinds & {dpa.PoissonSampledDpEvent, dpa.SampledWithoutReplacementDpEvent}:
+    if kinds & {dp_event.PoissonSampledDpEvent, dp_event.SampledWithoutReplacementDpEvent}:
         return accounting.neighboring_relation(event)
     return None
 
@@ -157,7 +157,7 @@ class PrivacyLedger:
         """Built on the first charge (this loads dp_accounting)."""
         return _RdpStates(self.delta) if self.accountant == "rdp" else _PldStates(self.delta)
 
-    def _child(self, node: int, event: dpa.DpEvent, key: str) -> int:
+    def _child(self, node: int, event: dp_event.DpEvent, key: str) -> int:
         child = self._children.get((node, key))
         if child is None:
             if key not in self._event_states:
@@ -200,7 +200,7 @@ class PrivacyLedger:
     def _over_budget(self, eps: float) -> bool:
         return self.budget is not None and eps > self.budget * (1 + self.budget_rtol)
 
-    def _check_relation(self, event: dpa.DpEvent) -> None:
+    def _check_relation(self, event: dp_event.DpEvent) -> None:
         relation = _sampling_relation(event)
         if relation is not None and self._relation not in (None, relation):
             raise PrivacyConfigError(
@@ -209,7 +209,7 @@ class PrivacyLedger:
             )
 
     # -- public API -----------------------------------------------------------------------
-    def would_exceed(self, clients: Sequence[int] | None, event: dpa.DpEvent) -> bool:
+    def would_exceed(self, clients: Sequence[int] | None, event: dp_event.DpEvent) -> bool:
         """Whether charging ``event`` to ``clients`` would take any of them over the budget."""
         if self.budget is None:
             return False
@@ -222,16 +222,16 @@ class PrivacyLedger:
         round: int,  # noqa: A002 (the engine's name for it)
         clients: Sequence[int] | None,
         mechanism: str,
-        event: dpa.DpEvent,
+        event: dp_event.DpEvent,
         params: dict | None = None,
     ) -> None:
         """Record that ``clients`` (None: the whole population) were charged ``event``.
 
         Raises BudgetError, recording nothing, if a budget is set and would be exceeded.
         """
-        import dp_accounting as dpa
+        from dp_accounting import dp_event
 
-        if not isinstance(event, dpa.DpEvent):
+        if not isinstance(event, dp_event.DpEvent):
             raise TypeError(f"event must be a dp_accounting DpEvent, got {type(event)}")
         self._check_relation(event)
         key = repr(event)
