@@ -140,6 +140,9 @@ heavy = ("dp_accounting.pld", "dp_accounting.mechanism_calibration", "scipy.stat
          "scipy.signal", "scipy.optimize")
 print(sorted(m for m in heavy if m in sys.modules), "dp_accounting.rdp" in sys.modules)
 import dp_accounting
+assert hasattr(dp_accounting.rdp, "RdpAccountant")  # a subpackage asked for, not imported
+assert "dp_accounting.pld" not in sys.modules
+assert hasattr(dp_accounting.pld, "PLDAccountant")
 from dp_accounting import pld
 from dp_accounting.dp_event import GaussianDpEvent
 from raysim.privacy.events import gaussian

@@ -6,10 +6,10 @@ CPU-s and ~50 MiB. raysim needs the event classes (``dp_accounting.dp_event``: t
 library and ``attr``) in every worker, and the RDP accountant (numpy and scipy.special) in every
 calibration, which runs serially before Ray may start. So ``raysim.privacy`` registers the
 package without running its ``__init__``: its submodules import as usual, each when first
-imported, and the ``__init__`` runs the first time a name only it defines is asked for
-(``dp_accounting.DpEvent``), so code that uses the package as usual finds it whole. One set of
-classes per process either way (tests/test_imports.py). Where the package is loaded already,
-nothing changes.
+imported or first asked for (``dp_accounting.pld``), and the ``__init__`` runs the first time a
+name only it defines is asked for (``dp_accounting.DpEvent``), so code that uses the package as
+usual finds it whole, with one set of classes (tests/test_imports.py). Where the package is
+loaded already, nothing changes.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ class _PackageOnDemand(types.ModuleType):
             # API; while (or after) the __init__ runs, a missing name is missing
             raise AttributeError(name)
         if importlib.util.find_spec(f"{self.__name__}.{name}") is not None:
-            raise AttributeError(name)  # a submodule: `from package import it` imports it
+            # a submodule, which the package's __init__ would have imported: imported alone
+            return importlib.import_module(f"{self.__name__}.{name}")
         self.__dict__["_raysim_init_ran"] = True
         self.__spec__.loader.exec_module(self)  # the package's own __init__, in this module
         return getattr(self, name)
