@@ -24,13 +24,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from dp_accounting import dp_event
 
 from raysim import privacy as privacy_lib
 from raysim.privacy.errors import PrivacyConfigError
 
 if TYPE_CHECKING:  # the accountant loads on first use (raysim/privacy/__init__.py)
-    from dp_accounting import dp_event
-
     from raysim.privacy.accounting import AccountantKind
 
 DEFAULT_NOISE_COHORT = 10_000
@@ -92,8 +91,6 @@ class NoiseCohort:
                 rounds, q, target_epsilon, d, accountant=accountant, rel_tol=rel_tol
             ).model
 
-        from dp_accounting import dp_event
-
         def make_event(z: float) -> dp_event.DpEvent:
             return dp_event.ComposedDpEvent([fixed, self.event(rounds, z)])
 
@@ -130,8 +127,6 @@ def noise_share(
 def local_gaussian_event(noise_multiplier: float) -> dp_event.DpEvent:
     """One client's local Gaussian release (PINA's sketch), not amplified: the server sees who
     sent it. Multiplier = std / sensitivity under zero-out adjacency (sensitivity = the clip)."""
-    from dp_accounting import dp_event
-
     return dp_event.GaussianDpEvent(noise_multiplier)
 
 

@@ -6,9 +6,9 @@ are events, so clients charged the same events share one node and one accounting
 RDP curve or PLD is computed once and cached; a node's state is its parent's state composed with
 that event, and its epsilon is computed at most once.
 
-dp_accounting (with scipy) loads on the first charge, not with the ledger: every run keeps a
-ledger, and a run without DP, which charges nothing, never needs it (~1 s and ~45 MiB in the
-coordinator).
+The accountant (with scipy) loads on the first charge, not with the ledger: every run keeps a
+ledger, and a run without DP, which charges nothing, never needs it. The event classes are
+cheap (``raysim.privacy.on_demand``).
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from dp_accounting import dp_event
 
 from raysim.privacy.errors import BudgetError, PrivacyConfigError
 
 if TYPE_CHECKING:
-    from dp_accounting import dp_event
-
     from raysim.privacy.accounting import AccountantKind, NeighborRel
 
 __all__ = ["PrivacyLedger"]
@@ -102,8 +101,6 @@ class _Node:
 
 def _sampling_relation(event: dp_event.DpEvent) -> NeighborRel | None:
     """The relation a sampling event fixes, or None when the event has no sampling."""
-    from dp_accounting import dp_event
-
     from raysim.privacy import accounting
 
     kinds = {type(e) for e in accounting._walk(event)}  # noqa: SLF001 (same package)
@@ -229,8 +226,6 @@ class PrivacyLedger:
 
         Raises BudgetError, recording nothing, if a budget is set and would be exceeded.
         """
-        from dp_accounting import dp_event
-
         if not isinstance(event, dp_event.DpEvent):
             raise TypeError(f"event must be a dp_accounting DpEvent, got {type(event)}")
         self._check_relation(event)
