@@ -1,9 +1,11 @@
-"""The local Ray a run starts leaves out the head daemons it never uses and does not sleep while
-its raylet registers (raysim.runtime.local_ray), and still runs tasks and actors; the suite's own
-Ray is started the same way (conftest)."""
+"""The local Ray a run starts leaves out the head daemons it never uses, does not sleep while its
+raylet registers, registers the raylet without waiting for its agents and runs those at idle
+priority (raysim.runtime.local_ray), and still runs tasks and actors; the suite's own Ray is
+started the same way (conftest)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,7 +14,15 @@ import time
 import ray
 
 from raysim.runtime import local_ray
-from raysim.runtime.local_ray import SKIPPED, lean_head, prompt_node_lookup, wait_until_registered
+from raysim.runtime.local_ray import (
+    AGENT_PORTS,
+    IDLE_PRIORITY,
+    SKIPPED,
+    background_agents,
+    lean_head,
+    prompt_node_lookup,
+    wait_until_registered,
+)
 
 
 def test_suite_ray_has_no_monitor_api_server_or_log_monitor(ray_session) -> None:
@@ -39,6 +49,83 @@ def test_prompt_node_lookup_puts_rays_lookup_back() -> None:
         assert prompt
         assert services.get_node is not before
     assert services.get_node is before
+
+
+def test_background_agents_puts_rays_functions_back() -> None:
+    from ray._private import services
+    from ray._private.parameter import RayParams
+
+    before = RayParams.__init__, services.start_ray_process
+    with background_agents() as applied:
+        assert applied
+        assert (RayParams.__init__, services.start_ray_process) != before
+    assert (RayParams.__init__, services.start_ray_process) == before
+
+
+def test_the_raylet_is_told_its_agents_ports_and_the_agents_run_at_idle_priority(
+    ray_session,
+) -> None:
+    """Told every port it would otherwise wait to read from its agents' files, the raylet
+    registers at once; the agents, started through idle_priority.py, run as SCHED_IDLE."""
+    node = ray._private.worker._global_node
+    raylet = node.all_processes["raylet"][0].process.pid
+    flags = dict(a.split("=", 1) for a in cmdline(raylet) if a.startswith("--") and "=" in a)
+    info = ray._private.services.get_node(node.gcs_address, node.node_id)
+    for name in AGENT_PORTS:
+        assert info[name] > 0, name
+    assert int(flags["--dashboard_agent_listen_port"]) == info["dashboard_agent_listen_port"]
+    assert int(flags["--metrics-agent-port"]) == info["metrics_agent_port"]
+    assert int(flags["--metrics_export_port"]) == info["metrics_export_port"]
+    assert int(flags["--runtime_env_agent_port"]) == info["runtime_env_agent_port"]
+    for flag in ("--dashboard_agent_command", "--runtime_env_agent_command"):
+        assert str(IDLE_PRIORITY) in flags[flag]
+    scripts = ("dashboard/agent.py", "runtime_env/agent/main.py")
+    children = [pid for pid in all_pids() if parent(pid) == raylet]
+    agents = [pid for pid in children if any(a.endswith(scripts) for a in cmdline(pid)[:3])]
+    assert len(agents) == 2, [cmdline(pid)[:3] for pid in children]
+    assert all(os.sched_getscheduler(pid) == os.SCHED_IDLE for pid in agents)
+
+
+def all_pids() -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode().split("\0")
+    except OSError:
+        return []
+
+
+def test_idle_priority_runs_the_command_at_idle_priority_in_its_own_process() -> None:
+    probe = "import os; print(os.getpid(), os.sched_getscheduler(0) == os.SCHED_IDLE)"
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", str(IDLE_PRIORITY), sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.split()[1] == "True"
+
+
+def test_free_ports_are_distinct_and_bindable() -> None:
+    import socket
+
+    ports = local_ray.free_ports(4)
+    assert len(set(ports)) == 4
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("", port))
 
 
 def test_the_node_table_shows_the_registered_node_and_no_other(ray_session) -> None:

@@ -18,14 +18,20 @@ What is lost: ``ray status`` and the state API (``ray list ...``) against this R
 lives as long as the run. Connecting to a cluster (``runtime.address``) is never affected.
 
 And ``ray.init`` learns that the raylet has registered with the GCS without sleeping a whole
-second between its looks (``prompt_node_lookup``).
+second between its looks (``prompt_node_lookup``), and the raylet registers without waiting for
+its agents, which start in the background (``background_agents``).
 """
 
 from __future__ import annotations
 
+import inspect
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -114,8 +120,87 @@ def wait_until_registered(gcs_address: str, node_id: str, timeout_s: float) -> b
         state.disconnect()
 
 
+# The ports a raylet reads from files its agents write once they are up, unless it is given them.
+AGENT_PORTS = (
+    "metrics_agent_port",
+    "metrics_export_port",
+    "runtime_env_agent_port",
+    "dashboard_agent_listen_port",
+)
+AGENT_COMMANDS = ("--dashboard_agent_command=", "--runtime_env_agent_command=")
+IDLE_PRIORITY = Path(__file__).with_name("idle_priority.py")
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports no socket on this machine is bound to now (the kernel's choice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@contextmanager
+def background_agents() -> Iterator[bool]:
+    """While active, a Ray head started in this process registers its raylet without waiting
+    for the raylet's two Python agents, which start at idle CPU priority.
+
+    A raylet not told its agents' ports (Ray binds them dynamically) waits, before it registers
+    with the GCS, for the files in which the dashboard agent and the runtime-env agent write
+    them; the dashboard agent writes its last one once it has imported aiohttp, grpc and every
+    dashboard module (2.3 CPU-s for the two agents on the 2-core machine). ``ray.init`` waited
+    that long, and the agents then took the cores from the run's workers (Ray starts those at
+    nice 15) while these imported torch. Here each port is chosen before the raylet starts (a
+    free one, as Ray itself did before its ports became dynamic), the raylet is given all four,
+    and the agents run at idle priority (``idle_priority.py``): they come up on what the run
+    leaves idle. Nothing a run does needs them: they serve metrics export, the dashboard and
+    runtime environments, which a local run does not use. Yields whether it applies (False: an
+    unknown Ray layout, started as usual)."""
+    import ray._raylet
+    from ray._private import services
+    from ray._private.parameter import RayParams
+
+    start_raylet = inspect.signature(services.start_raylet).parameters
+    known = hasattr(ray._raylet, "persist_port") and all(p in start_raylet for p in AGENT_PORTS)
+    if not known or not hasattr(services, "start_ray_process"):
+        yield False
+        return
+    init, start = RayParams.__init__, services.start_ray_process
+    ports = dict(zip(AGENT_PORTS, free_ports(len(AGENT_PORTS)), strict=True))
+
+    def params_init(self: RayParams, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        for name, port in ports.items():
+            setattr(self, name, port)
+
+    def start_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
+        if process_type == "raylet":
+            listen = ports["dashboard_agent_listen_port"]
+            command = [_at_idle_priority(arg) for arg in command]
+            command.append(f"--dashboard_agent_listen_port={listen}")
+        return start(command, process_type, *args, **kwargs)
+
+    RayParams.__init__, services.start_ray_process = params_init, start_process
+    try:
+        yield True
+    finally:
+        RayParams.__init__, services.start_ray_process = init, start
+
+
+def _at_idle_priority(arg: str) -> str:
+    """An agent's command argument for the raylet, with the agent started at idle priority."""
+    for flag in AGENT_COMMANDS:
+        if arg.startswith(flag):
+            prefix = subprocess.list2cmdline([sys.executable, "-I", "-S", str(IDLE_PRIORITY)])
+            return f"{flag}{prefix} {arg[len(flag) :]}"
+    return arg
+
+
 def start_local_ray(**init_kwargs: Any) -> None:
-    """``ray.init(address="local", ...)`` without the head daemons a run does not use, and
-    without sleeping while its raylet registers."""
-    with lean_head(), prompt_node_lookup():
+    """``ray.init(address="local", ...)`` without the head daemons a run does not use, without
+    sleeping while its raylet registers, and without waiting for the raylet's agents."""
+    with lean_head(), prompt_node_lookup(), background_agents():
         ray.init(address="local", include_dashboard=False, log_to_driver=False, **init_kwargs)
