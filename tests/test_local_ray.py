@@ -79,9 +79,11 @@ def test_the_raylet_is_told_its_agents_ports_and_the_agents_run_at_idle_priority
     assert int(flags["--runtime_env_agent_port"]) == info["runtime_env_agent_port"]
     for flag in ("--dashboard_agent_command", "--runtime_env_agent_command"):
         assert str(IDLE_PRIORITY) in flags[flag]
-    scripts = ("dashboard/agent.py", "runtime_env/agent/main.py")
+    # an agent's command line until it is up, then the title it sets
+    names = ("dashboard/agent.py", "runtime_env/agent/main.py", "ray::DashboardAgent")
+    names += ("ray::RuntimeEnvAgent",)
     children = [pid for pid in all_pids() if parent(pid) == raylet]
-    agents = [pid for pid in children if any(a.endswith(scripts) for a in cmdline(pid)[:3])]
+    agents = [pid for pid in children if any(a.endswith(names) for a in cmdline(pid)[:3])]
     assert len(agents) == 2, [cmdline(pid)[:3] for pid in children]
     assert all(os.sched_getscheduler(pid) == os.SCHED_IDLE for pid in agents)
 
