@@ -120,14 +120,31 @@ def test_idle_priority_runs_the_command_at_idle_priority_in_its_own_process() ->
     assert out.stdout.split()[1] == "True"
 
 
-def test_free_ports_are_distinct_and_bindable() -> None:
+def test_free_ports_are_distinct_unbound_and_below_the_ephemeral_range() -> None:
     import socket
 
     ports = local_ray.free_ports(4)
-    assert len(set(ports)) == 4
+    assert ports is not None and len(set(ports)) == 4
     for port in ports:
+        assert local_ray.PORT_FLOOR <= port < local_ray._ephemeral_floor()
         with socket.socket() as s:
             s.bind(("", port))
+
+
+def test_no_ports_are_drawn_from_a_range_too_small_or_taken(monkeypatch) -> None:
+    monkeypatch.setattr(local_ray, "_ephemeral_floor", lambda: local_ray.PORT_FLOOR + 50)
+    assert local_ray.free_ports(4) is None
+    monkeypatch.setattr(local_ray, "_ephemeral_floor", lambda: local_ray.PORT_FLOOR + 1000)
+    monkeypatch.setattr(local_ray, "_unbound", lambda port: False)
+    assert local_ray.free_ports(4) is None
+
+
+def test_a_bound_port_is_not_unbound() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        assert not local_ray._unbound(s.getsockname()[1])
 
 
 def test_the_node_table_shows_the_registered_node_and_no_other(ray_session) -> None:

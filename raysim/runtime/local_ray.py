@@ -25,6 +25,7 @@ its agents, which start in the background (``background_agents``).
 from __future__ import annotations
 
 import inspect
+import random
 import socket
 import subprocess
 import sys
@@ -129,18 +130,48 @@ AGENT_PORTS = (
 )
 AGENT_COMMANDS = ("--dashboard_agent_command=", "--runtime_env_agent_command=")
 IDLE_PRIORITY = Path(__file__).with_name("idle_priority.py")
+PORT_FLOOR = 10000  # the agents' ports are drawn from [PORT_FLOOR, the ephemeral range's start)
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports no socket on this machine is bound to now (the kernel's choice)."""
-    socks = [socket.socket() for _ in range(n)]
+def free_ports(n: int) -> list[int] | None:
+    """``n`` distinct ports that no socket holds now, drawn from below the kernel's ephemeral
+    range; None where there is no such range to draw from.
+
+    An agent binds its port seconds after it is chosen (longer at idle priority), and the raylet
+    dies with an agent that cannot. Ports the kernel hands out to ``connect`` and ``bind(0)``,
+    which every Ray process does many times as it starts, lie in the ephemeral range; below it
+    a port is taken only by a process that names it. The draw is not part of any result, so it
+    does not come from the run's seeded generators."""
+    low = _ephemeral_floor()
+    if low - PORT_FLOOR < 100 * n:
+        return None
+    draw = random.SystemRandom()
+    ports: list[int] = []
+    for _ in range(100 * n):
+        port = draw.randrange(PORT_FLOOR, low)
+        if port not in ports and _unbound(port):
+            ports.append(port)
+            if len(ports) == n:
+                return ports
+    return None
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands out by itself (Linux's default where it does not say)."""
     try:
-        for s in socks:
-            s.bind(("", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _unbound(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))  # every address, as the agents bind theirs
+        except OSError:
+            return False
+    return True
 
 
 @contextmanager
@@ -154,22 +185,24 @@ def background_agents() -> Iterator[bool]:
     dashboard module (2.3 CPU-s for the two agents on the 2-core machine). ``ray.init`` waited
     that long, and the agents then took the cores from the run's workers (Ray starts those at
     nice 15) while these imported torch. Here each port is chosen before the raylet starts (a
-    free one, as Ray itself did before its ports became dynamic), the raylet is given all four,
-    and the agents run at idle priority (``idle_priority.py``): they come up on what the run
-    leaves idle. Nothing a run does needs them: they serve metrics export, the dashboard and
-    runtime environments, which a local run does not use. Yields whether it applies (False: an
-    unknown Ray layout, started as usual)."""
+    free one, as Ray itself did before its ports became dynamic, but from outside the range the
+    kernel hands out: ``free_ports``), the raylet is given all four, and the agents run at idle
+    priority (``idle_priority.py``): they come up on what the run leaves idle. Nothing a run
+    does needs them: they serve metrics export, the dashboard and runtime environments, which a
+    local run does not use. Yields whether it applies (False: an unknown Ray layout, or no
+    ports to draw from; started as usual)."""
     import ray._raylet
     from ray._private import services
     from ray._private.parameter import RayParams
 
     start_raylet = inspect.signature(services.start_raylet).parameters
     known = hasattr(ray._raylet, "persist_port") and all(p in start_raylet for p in AGENT_PORTS)
-    if not known or not hasattr(services, "start_ray_process"):
+    chosen = free_ports(len(AGENT_PORTS)) if known else None
+    if chosen is None or not hasattr(services, "start_ray_process"):
         yield False
         return
     init, start = RayParams.__init__, services.start_ray_process
-    ports = dict(zip(AGENT_PORTS, free_ports(len(AGENT_PORTS)), strict=True))
+    ports = dict(zip(AGENT_PORTS, chosen, strict=True))
 
     def params_init(self: RayParams, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
