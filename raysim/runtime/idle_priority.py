@@ -2,8 +2,9 @@
 
 A local run starts Ray's two agents through this (``local_ray.background_agents``): the priority
 is set here and the program replaces this process (``execv``: the same PID, which the raylet
-watches), so the agents never take a core from the processes a run waits for. Only the standard
-library is used, and ``-I -S`` skip ``site``, so it costs a few milliseconds.
+watches). ``SCHED_IDLE`` is the kernel's lowest class: the agents run on what the processes a
+run waits for leave idle. Only the standard library is used, and ``-I -S`` skip ``site``, so
+it costs a few milliseconds.
 """
 
 import os

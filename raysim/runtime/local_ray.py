@@ -192,7 +192,7 @@ def background_agents() -> Iterator[bool]:
     local run does not use. Yields whether it applies (False: an unknown Ray layout, or no
     ports to draw from; started as usual)."""
     import ray._raylet
-    from ray._private import services
+    from ray._private import ray_constants, services
     from ray._private.parameter import RayParams
 
     start_raylet = inspect.signature(services.start_raylet).parameters
@@ -210,7 +210,7 @@ def background_agents() -> Iterator[bool]:
             setattr(self, name, port)
 
     def start_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
-        if process_type == "raylet":
+        if process_type == ray_constants.PROCESS_TYPE_RAYLET:
             listen = ports["dashboard_agent_listen_port"]
             command = [_at_idle_priority(arg) for arg in command]
             command.append(f"--dashboard_agent_listen_port={listen}")
