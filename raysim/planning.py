@@ -17,6 +17,7 @@ import numpy as np
 from raysim import privacy as privacy_lib
 from raysim.config import PrivacyConfig
 from raysim.privacy import BudgetError, Phase
+from raysim.privacy.events import dp_event  # raysim.privacy registers dp_accounting first
 from raysim.training import TrainConfig, sampling_plan
 
 
@@ -82,10 +83,8 @@ class SampleLevelPlan:
         return privacy_lib.dpsgd_event([self.schedule(n)[round - 1]], self.noise[n])
 
     def planned_event(self, n: int) -> Any:
-        from dp_accounting.dp_event import ComposedDpEvent
-
         count, sel_eps = self.selections
-        return ComposedDpEvent(
+        return dp_event.ComposedDpEvent(
             [
                 privacy_lib.dpsgd_event(list(self.schedule(n)), self.noise[n]),
                 privacy_lib.selection_event(sel_eps, count),
@@ -134,9 +133,7 @@ class CentralPlan:
             self.id_noise = None if self.id_noise_ratio is None else ratio * self.id_noise_ratio
 
             def planned() -> float:
-                from dp_accounting.dp_event import SelfComposedDpEvent
-
-                event = SelfComposedDpEvent(self.round_event(), self.rounds)
+                event = dp_event.SelfComposedDpEvent(self.round_event(), self.rounds)
                 return privacy_lib.epsilon(event, p.delta, p.accountant)
 
             refuse_over_budget(planned, p)

@@ -109,15 +109,16 @@ def cmdline(pid: int) -> list[str]:
 
 
 def test_idle_priority_runs_the_command_at_idle_priority_in_its_own_process() -> None:
+    """The command replaces the launcher (the same PID, which the raylet watches)."""
     probe = "import os; print(os.getpid(), os.sched_getscheduler(0) == os.SCHED_IDLE)"
-    out = subprocess.run(
+    with subprocess.Popen(
         [sys.executable, "-I", "-S", str(IDLE_PRIORITY), sys.executable, "-c", probe],
-        capture_output=True,
+        stdout=subprocess.PIPE,
         text=True,
-        timeout=60,
-        check=True,
-    )
-    assert out.stdout.split()[1] == "True"
+    ) as launched:
+        out, _ = launched.communicate(timeout=60)
+    assert launched.returncode == 0
+    assert out.split() == [str(launched.pid), "True"]
 
 
 def test_free_ports_are_distinct_unbound_and_below_the_ephemeral_range() -> None:

@@ -50,6 +50,7 @@ from raysim.privacy.distributed import (
     cohort_caveat,
     local_gaussian_event,
 )
+from raysim.privacy.events import dp_event
 from raysim.protocol import (
     Charge,
     ClientReport,
@@ -114,8 +115,6 @@ class Distributed(PrivacyMode):
             event = self.noise_cohort.event(releases, z)
 
             def planned() -> float:
-                from dp_accounting import dp_event
-
                 total = event if fixed is None else dp_event.ComposedDpEvent([fixed, event])
                 return privacy_lib.epsilon(total, p.delta, p.accountant)
 
