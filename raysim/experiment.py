@@ -24,6 +24,7 @@ from raysim import privacy as privacy_lib
 from raysim.config import ConfigError, ExperimentConfig
 from raysim.data import FederatedDataset, build_federated_dataset
 from raysim.privacy import BudgetError, PrivacyConfigError
+from raysim.runtime import zygote
 from raysim.runtime.sealed import Sealed
 
 if TYPE_CHECKING:
@@ -77,6 +78,8 @@ def build_dataset(cfg: ExperimentConfig) -> FederatedDataset:
 
 def prepare(cfg: ExperimentConfig, algorithm_cls: Callable[[Any], Any], env_cls: Any) -> Prepared:
     """Build data, model initialisation and the algorithm (which calibrates its noise)."""
+    if cfg.runtime.fork_workers and not cfg.runtime.address:  # before any torch operation
+        zygote.fork_planned()
     ds = build_dataset(cfg)
     check_against_data(cfg, ds)
     oracle = getattr(algorithm_cls, "uses_ground_truth", False)
@@ -111,6 +114,7 @@ def prepare_apart(
     if sys.platform != "linux" or "torch" in sys.modules or ray_here:
         return build()
     ctx = multiprocessing.get_context("fork")
+    plan = zygote.plan()
     receive, send = ctx.Pipe(duplex=False)
     # the large buffers (the dataset's pixels) come back through an anonymous shared file, not
     # the pipe: no name that an interruption could leave behind in /dev/shm
@@ -118,18 +122,26 @@ def prepare_apart(
     child = ctx.Process(target=_prepare_child, args=(build, send, shared), daemon=True)
     child.start()
     send.close()
+    if plan is not None:
+        os.close(plan.lifeline[0])  # the zygote's end
     try:
         if meanwhile is not None:
             meanwhile()
-        kind, payload = receive.recv()
+        kind, payload, forked = receive.recv()
         if kind == "ok":
             payload = _unpickle_shared(payload, shared)
+        if forked and plan is not None and kind == "ok":
+            plan.forked = True
+        else:
+            zygote.release()
     except EOFError:
+        zygote.release()
         child.join()
         code = child.exitcode
         raise RuntimeError(f"preparing the experiment failed (exit code {code})") from None
     except BaseException:  # interrupted: the child goes too
         child.terminate()
+        zygote.release()
         raise
     finally:
         receive.close()
@@ -158,15 +170,15 @@ def _prepare_child(build: Callable[[], list[Prepared]], send: Any, shared: int |
                 replace(p, algorithm=Sealed.of(p.algorithm), env=None, spec=Sealed.of(p.spec))
                 for p in build()
             ]
-            send.send(("ok", _pickle_shared(seal, shared)))
+            send.send(("ok", _pickle_shared(seal, shared), zygote.forked()))
         except ConfigError as exc:
-            send.send(("config", str(exc)))
+            send.send(("config", str(exc), zygote.forked()))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the parent
             try:
                 blob = pickle.dumps(exc)
             except Exception:  # noqa: BLE001 - an exception that does not pickle
                 blob = pickle.dumps(RuntimeError(f"{type(exc).__name__}: {exc}"))
-            send.send(("raise", blob))
+            send.send(("raise", blob, zygote.forked()))
     finally:
         send.close()
         sys.stdout.flush()

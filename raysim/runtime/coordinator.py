@@ -122,8 +122,13 @@ class Coordinator(Renewable):
         actor, docs/speed.md); None: start them here. `trains`: this process trains pieces of
         each round too (``trains_in_coordinator``). `algorithm` and the model `spec` (default:
         ``model_spec(cfg)``) may be sealed."""
+        import torch
+
         from raysim.rounds import RoundLoop, group_size
 
+        # the server's torch operations on a fixed thread count, as the workers' (Ray's
+        # OMP_NUM_THREADS reaches torch only in a worker that loads it after Ray sets it)
+        torch.set_num_threads(cfg.runtime.threads_per_worker)
         sealed, algorithm = algorithm, opened(algorithm)
         self.cfg = cfg
         self.loop = RoundLoop(cfg, algorithm, true_clusters, self._execute)

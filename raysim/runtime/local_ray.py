@@ -232,8 +232,43 @@ def _at_idle_priority(arg: str) -> str:
     return arg
 
 
+WORKER_COMMAND = "--python_worker_command="
+
+
+@contextmanager
+def forked_workers() -> Iterator[bool]:
+    """While active, a Ray head started in this process starts its Python workers through the
+    run's zygote (``zygote.py``), if its prepare child forked one: each worker then begins with
+    torch and raysim imported. Yields whether it does."""
+    from ray._private import ray_constants, services
+
+    from raysim.runtime import zygote
+
+    start = getattr(services, "start_ray_process", None)
+    if not zygote.forked() or start is None:
+        yield False
+        return
+
+    def start_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
+        if process_type == ray_constants.PROCESS_TYPE_RAYLET:
+            command = [
+                WORKER_COMMAND + zygote.worker_command(arg[len(WORKER_COMMAND) :])
+                if arg.startswith(WORKER_COMMAND)
+                else arg
+                for arg in command
+            ]
+        return start(command, process_type, *args, **kwargs)
+
+    services.start_ray_process = start_process
+    try:
+        yield True
+    finally:
+        services.start_ray_process = start
+
+
 def start_local_ray(**init_kwargs: Any) -> None:
     """``ray.init(address="local", ...)`` without the head daemons a run does not use, without
-    sleeping while its raylet registers, and without waiting for the raylet's agents."""
-    with lean_head(), prompt_node_lookup(), background_agents():
+    sleeping while its raylet registers, without waiting for the raylet's agents, and with its
+    workers forked from the run's zygote where there is one."""
+    with lean_head(), prompt_node_lookup(), background_agents(), forked_workers():
         ray.init(address="local", include_dashboard=False, log_to_driver=False, **init_kwargs)

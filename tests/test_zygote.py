@@ -1,0 +1,208 @@
+"""A local run's workers forked from the zygote (raysim/runtime/zygote.py): they start with torch
+loaded, as Ray's own workers would otherwise be (priority, process group, job), they go with
+their launcher and with the driver, and a run gives the same bits with and without them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import small_config
+
+from raysim.runtime import zygote
+
+ROOT = Path(__file__).parents[1]
+PLAIN = json.dumps({"command_prefix": [], "env_vars": {}, "py_executable": sys.executable})
+
+
+def _command(context: str = PLAIN, python: str = sys.executable, *flags: str) -> list[str]:
+    return [
+        python,
+        "/ray/_private/workers/setup_worker.py",
+        *flags,
+        "/ray/_private/workers/default_worker.py",
+        "--node-ip-address=127.0.0.1",
+        f"--serialized-runtime-env-context={context}",
+        "--language=PYTHON",
+        "--startup-token=3",
+    ]
+
+
+def test_only_a_plain_python_worker_is_forked() -> None:
+    assert zygote._worker_script(_command()) == [
+        "/ray/_private/workers/default_worker.py",
+        "--node-ip-address=127.0.0.1",
+        "--startup-token=3",
+    ]
+    assert zygote._worker_script(_command("{}")) is not None  # Ray's context for no runtime env
+    declined = [
+        _command(json.dumps({"env_vars": {"A": "1"}})),  # a runtime environment's variables
+        _command(json.dumps({"command_prefix": ["conda", "run"]})),
+        _command(json.dumps({"py_executable": "/other/python"})),
+        _command(python="/other/python"),  # another interpreter than the zygote's
+        _command(PLAIN, sys.executable, "-S"),  # interpreter flags the zygote was not run with
+        [sys.executable, "/ray/_private/workers/default_worker.py"],  # not through setup_worker
+        [c.replace("PYTHON", "JAVA") for c in _command()],
+    ]
+    for command in declined:
+        assert zygote._worker_script(command) is None, command
+
+
+def test_a_worker_that_would_load_other_code_is_not_forked() -> None:
+    env = dict(os.environ)
+    assert zygote.same_loader(env)
+    for name in ("PYTHONPATH", "LD_PRELOAD"):
+        assert not zygote.same_loader({**env, name: "/elsewhere"})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+PROBE = """
+import json, os, signal, sys, time
+from pathlib import Path
+os.environ["RAY_AUTH_MODE"] = "disabled"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+from raysim.runtime import zygote
+
+plan = zygote.plan()
+child = os.fork()
+if child == 0:  # as the prepare child: fork the zygote, then go
+    import torch
+    zygote.fork_planned()
+    os._exit(0)
+os.waitpid(child, 0)
+os.close(plan.lifeline[0])
+plan.forked = True
+
+import ray
+from raysim.runtime.local_ray import start_local_ray
+
+start_local_ray(num_cpus=2)
+
+
+@ray.remote(num_cpus=1)
+class Probe:
+    def report(self):
+        return {
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "torch": "torch" in sys.modules,  # nothing here imports it
+            "nice": os.getpriority(os.PRIO_PROCESS, 0),
+            "pgid": os.getpgid(0),
+            "job": os.environ.get("RAY_JOB_ID"),
+            "argv0": os.path.basename(sys.argv[0]),
+        }
+
+
+def launchers():
+    out = []
+    for cmd in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if any(a.endswith(b"/zygote_client.py") for a in cmd.read_bytes().split(b"\\0")):
+                out.append(int(cmd.parent.name))
+        except OSError:
+            pass
+    return out
+
+
+first, second = Probe.remote(), Probe.remote()
+reports = ray.get([first.report.remote(), second.report.remote()], timeout=180)
+print("REPORTS", json.dumps(reports), flush=True)
+stat = Path(f"/proc/{reports[0]['ppid']}/stat").read_text()
+print("ZYGOTE_PARENT", stat.rsplit(")", 1)[1].split()[1], os.getpid(), flush=True)
+print("LAUNCHERS", json.dumps(launchers()), flush=True)
+ray.kill(first)  # its launcher leaves with it
+deadline = time.monotonic() + 30
+while Path(f"/proc/{reports[0]['pid']}").exists() and time.monotonic() < deadline:
+    time.sleep(0.2)
+time.sleep(1.0)
+print("LAUNCHERS_AFTER_KILL", json.dumps(launchers()), flush=True)
+for pid in launchers():  # as the raylet kills a worker that never registered: by its launcher
+    os.kill(pid, signal.SIGKILL)
+deadline = time.monotonic() + 30
+while Path(f"/proc/{reports[1]['pid']}").exists() and time.monotonic() < deadline:
+    time.sleep(0.2)
+print("SECOND_GONE", not Path(f"/proc/{reports[1]['pid']}").exists(), flush=True)
+third = Probe.remote()  # the zygote still forks
+print("THIRD", json.dumps(ray.get(third.report.remote(), timeout=180)), flush=True)
+os._exit(0)  # no ray.shutdown: the zygote and its workers must still go
+"""
+
+
+def test_workers_are_forked_with_torch_loaded_and_go_with_the_driver() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(PROBE)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    lines = dict(
+        line.split(" ", 1) for line in proc.stdout.splitlines() if line.split(" ")[0].isupper()
+    )
+    assert proc.returncode == 0 and "REPORTS" in lines, proc.stdout + proc.stderr[-3000:]
+    reports = json.loads(lines["REPORTS"])
+    workers = {r["pid"] for r in reports}
+    zygotes = {r["ppid"] for r in reports}
+    try:
+        assert len(zygotes) == 1  # both forked by the same process
+        for r in reports:
+            assert r["torch"], r  # loaded before the worker started
+            assert r["nice"] == 15 and r["pgid"] == r["pid"], r  # as the raylet's workers are
+            assert r["job"] and r["argv0"] == "default_worker.py", r
+        # the prepare child is gone and the driver, its orphans' reaper, is the zygote's parent
+        parent, driver = lines["ZYGOTE_PARENT"].split()
+        assert parent == driver
+        launchers = json.loads(lines["LAUNCHERS"])
+        assert len(launchers) >= 2  # one per worker, the raylet's children
+        assert len(json.loads(lines["LAUNCHERS_AFTER_KILL"])) == len(launchers) - 1
+        assert lines["SECOND_GONE"] == "True"  # its launcher killed, the zygote killed it
+        third = json.loads(lines["THIRD"])
+        workers.add(third["pid"])
+        assert third["ppid"] in zygotes and third["torch"], third
+        deadline = time.monotonic() + 30  # the driver left: the zygote and its workers go
+        while any(_alive(p) for p in workers | zygotes) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(_alive(p) for p in workers | zygotes)
+    finally:
+        for pid in workers | zygotes:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _cli_run(tmp_path: Path, name: str, **overrides: object):
+    sets = [s for item in small_config(**overrides) for s in ("--set", item)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "raysim.cli", "run", "--out", str(tmp_path / name), *sets],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = pq.read_table(tmp_path / name / "metrics.parquet").to_pandas()
+    return table.drop(columns=["round_seconds"])
+
+
+@pytest.mark.parametrize("mode", ["sample", "none"])
+def test_a_run_gives_the_same_bits_with_forked_workers(tmp_path, mode) -> None:
+    common = {"privacy.mode": mode, "runtime.client_group_size": 3}
+    forked = _cli_run(tmp_path, "forked", **common)
+    started = _cli_run(tmp_path, "started", **common, **{"runtime.fork_workers": "false"})
+    assert forked.equals(started), (forked, started)
