@@ -37,11 +37,12 @@ import secrets
 import selectors
 import signal
 import socket
+import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from raysim.runtime.zygote_client import HEADER, STATUS
+from raysim.runtime.zygote_client import HEADER, STATUS, receive
 
 CLIENT = Path(__file__).with_name("zygote_client.py")
 # what a worker imports before it runs anything, loaded once, in the zygote (best effort; not
@@ -238,7 +239,10 @@ def _fork_worker(conn: socket.socket) -> int | None:
         if int.from_bytes(uid, sys.byteorder) != os.getuid():
             return None
         head, fds, _, _ = socket.recv_fds(conn, HEADER.size, 3)
-        body = _receive(conn, HEADER.unpack(head)[0])
+        size = HEADER.unpack(head)[0]
+        body = receive(conn, size)
+        if len(body) < size:
+            raise ValueError("the client went away")
         request = json.loads(body)
         script = _worker_script(request["argv"])
         if script is None or len(fds) != 3 or not same_loader(request["env"]):
@@ -246,7 +250,7 @@ def _fork_worker(conn: socket.socket) -> int | None:
                 os.close(fd)
             conn.sendall(b"0")
             return None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, struct.error):  # not a client's request
         return None
     pid = os.fork()
     if pid == 0:
@@ -271,16 +275,6 @@ def _fork_worker(conn: socket.socket) -> int | None:
     with contextlib.suppress(OSError):
         conn.sendall(b"1")
     return pid
-
-
-def _receive(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            raise ValueError("the client went away")
-        data += chunk
-    return data
 
 
 def same_loader(env: dict[str, str]) -> bool:

@@ -41,7 +41,8 @@ def request(command: list[str]) -> bytes:
     ).encode()
 
 
-def _receive(sock: socket.socket, n: int) -> bytes:
+def receive(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes from ``sock``, or fewer if it closes first."""
     data = b""
     while len(data) < n:
         chunk = sock.recv(n - len(data))
@@ -59,12 +60,12 @@ def main(argv: list[str]) -> None:
         body = request(command)
         socket.send_fds(sock, [HEADER.pack(len(body))], [0, 1, 2])
         sock.sendall(body)
-        forked = _receive(sock, 1) == b"1"  # b"0": declined; b"": the zygote is gone
+        forked = receive(sock, 1) == b"1"  # b"0": declined; b"": the zygote is gone
     except OSError:
         forked = False
     if not forked:
         os.execv(command[0], command)
-    reply = _receive(sock, STATUS.size)
+    reply = receive(sock, STATUS.size)
     code = STATUS.unpack(reply)[0] if len(reply) == STATUS.size else 1
     if code < 0:  # the worker was killed by a signal: so is this
         signal.signal(-code, signal.SIG_DFL)
