@@ -137,6 +137,18 @@ deadline = time.monotonic() + 30
 while Path(f"/proc/{reports[1]['pid']}").exists() and time.monotonic() < deadline:
     time.sleep(0.2)
 print("SECOND_GONE", not Path(f"/proc/{reports[1]['pid']}").exists(), flush=True)
+import socket
+from raysim.runtime.zygote_client import HEADER, request
+
+with socket.socket(socket.AF_UNIX) as junk:  # a request that is none: dropped
+    junk.connect("\\0" + plan.address)
+    junk.sendall(b"garbage!")
+with socket.socket(socket.AF_UNIX) as other:  # a command that is not a Ray worker's: declined
+    other.connect("\\0" + plan.address)
+    body = request(["/bin/true"])
+    socket.send_fds(other, [HEADER.pack(len(body))], [0, 1, 2])
+    other.sendall(body)
+    print("DECLINED", other.recv(1).decode(), flush=True)
 third = Probe.remote()  # the zygote still forks
 print("THIRD", json.dumps(ray.get(third.report.remote(), timeout=180)), flush=True)
 os._exit(0)  # no ray.shutdown: the zygote and its workers must still go
@@ -171,6 +183,7 @@ def test_workers_are_forked_with_torch_loaded_and_go_with_the_driver() -> None:
         launchers = json.loads(lines["LAUNCHERS"])
         assert len(launchers) >= 2  # one per worker, the raylet's children
         assert len(json.loads(lines["LAUNCHERS_AFTER_KILL"])) == len(launchers) - 1
+        assert lines["DECLINED"] == "0"
         assert lines["SECOND_GONE"] == "True"  # its launcher killed, the zygote killed it
         third = json.loads(lines["THIRD"])
         workers.add(third["pid"])
