@@ -63,6 +63,14 @@ def test_a_worker_that_would_load_other_code_is_not_forked() -> None:
         assert not zygote.same_loader({**env, name: "/elsewhere"})
 
 
+def test_the_launcher_runs_the_command_itself_where_there_is_no_zygote() -> None:
+    launcher = [sys.executable, "-I", "-S", str(zygote.CLIENT), "raysim-zygote-absent"]
+    proc = subprocess.Popen([*launcher, "/bin/sh", "-c", "echo $$; exit 3"], stdout=subprocess.PIPE)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 3  # the command's own status
+    assert int(out) == proc.pid  # it replaced the launcher: the PID the raylet watches
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -61,7 +61,7 @@ def main(argv: list[str]) -> None:
         socket.send_fds(sock, [HEADER.pack(len(body))], [0, 1, 2])
         sock.sendall(body)
         forked = receive(sock, 1) == b"1"  # b"0": declined; b"": the zygote is gone
-    except OSError:
+    except (OSError, ValueError):  # (ValueError: an environment that is not UTF-8)
         forked = False
     if not forked:
         os.execv(command[0], command)
