@@ -175,6 +175,40 @@ def _unbound(port: int) -> bool:
 
 
 @contextmanager
+def raylet_command(rewrite: Callable[[list[str]], list[str]]) -> Iterator[bool]:
+    """While active, the command line of a raylet started in this process is ``rewrite``'s
+    (the raylet's flags carry the commands it starts its agents and workers with). Yields
+    whether it applies (False: an unknown Ray layout)."""
+    from ray._private import ray_constants, services
+
+    start = getattr(services, "start_ray_process", None)
+    if start is None:
+        yield False
+        return
+
+    def start_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
+        if process_type == ray_constants.PROCESS_TYPE_RAYLET:
+            command = rewrite(list(command))
+        return start(command, process_type, *args, **kwargs)
+
+    services.start_ray_process = start_process
+    try:
+        yield True
+    finally:
+        services.start_ray_process = start
+
+
+def launched_by(launcher: list[str], flags: tuple[str, ...], arg: str) -> str:
+    """A raylet argument whose value is a command (``--FLAG=COMMAND``), for one of ``flags``,
+    with the command run through ``launcher`` (which ends by running it); other arguments as
+    they are."""
+    for flag in flags:
+        if arg.startswith(flag):
+            return f"{flag}{subprocess.list2cmdline(launcher)} {arg[len(flag) :]}"
+    return arg
+
+
+@contextmanager
 def background_agents() -> Iterator[bool]:
     """While active, a Ray head started in this process registers its raylet without waiting
     for the raylet's two Python agents, which start at idle CPU priority.
@@ -192,47 +226,39 @@ def background_agents() -> Iterator[bool]:
     local run does not use. Yields whether it applies (False: an unknown Ray layout, or no
     ports to draw from; started as usual)."""
     import ray._raylet
-    from ray._private import ray_constants, services
+    from ray._private import services
     from ray._private.parameter import RayParams
 
     start_raylet = inspect.signature(services.start_raylet).parameters
     known = hasattr(ray._raylet, "persist_port") and all(p in start_raylet for p in AGENT_PORTS)
     chosen = free_ports(len(AGENT_PORTS)) if known else None
-    if chosen is None or not hasattr(services, "start_ray_process"):
+    if chosen is None:
         yield False
         return
-    init, start = RayParams.__init__, services.start_ray_process
     ports = dict(zip(AGENT_PORTS, chosen, strict=True))
+    idle = [sys.executable, "-I", "-S", str(IDLE_PRIORITY)]
+
+    def rewrite(command: list[str]) -> list[str]:
+        listen = ports["dashboard_agent_listen_port"]
+        command = [launched_by(idle, AGENT_COMMANDS, arg) for arg in command]
+        return [*command, f"--dashboard_agent_listen_port={listen}"]
+
+    init = RayParams.__init__
 
     def params_init(self: RayParams, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         for name, port in ports.items():
             setattr(self, name, port)
 
-    def start_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
-        if process_type == ray_constants.PROCESS_TYPE_RAYLET:
-            listen = ports["dashboard_agent_listen_port"]
-            command = [_at_idle_priority(arg) for arg in command]
-            command.append(f"--dashboard_agent_listen_port={listen}")
-        return start(command, process_type, *args, **kwargs)
-
-    RayParams.__init__, services.start_ray_process = params_init, start_process
-    try:
-        yield True
-    finally:
-        RayParams.__init__, services.start_ray_process = init, start
-
-
-def _at_idle_priority(arg: str) -> str:
-    """An agent's command argument for the raylet, with the agent started at idle priority."""
-    for flag in AGENT_COMMANDS:
-        if arg.startswith(flag):
-            prefix = subprocess.list2cmdline([sys.executable, "-I", "-S", str(IDLE_PRIORITY)])
-            return f"{flag}{prefix} {arg[len(flag) :]}"
-    return arg
-
-
-WORKER_COMMAND = "--python_worker_command="
+    with raylet_command(rewrite) as applies:
+        if not applies:
+            yield False
+            return
+        RayParams.__init__ = params_init
+        try:
+            yield True
+        finally:
+            RayParams.__init__ = init
 
 
 @contextmanager
@@ -240,30 +266,15 @@ def forked_workers() -> Iterator[bool]:
     """While active, a Ray head started in this process starts its Python workers through the
     run's zygote (``zygote.py``), if its prepare child forked one: each worker then begins with
     torch and raysim imported. Yields whether it does."""
-    from ray._private import ray_constants, services
-
     from raysim.runtime import zygote
 
-    start = getattr(services, "start_ray_process", None)
-    if not zygote.forked() or start is None:
+    launcher = zygote.launcher()
+    if launcher is None:
         yield False
         return
-
-    def start_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
-        if process_type == ray_constants.PROCESS_TYPE_RAYLET:
-            command = [
-                WORKER_COMMAND + zygote.worker_command(arg[len(WORKER_COMMAND) :])
-                if arg.startswith(WORKER_COMMAND)
-                else arg
-                for arg in command
-            ]
-        return start(command, process_type, *args, **kwargs)
-
-    services.start_ray_process = start_process
-    try:
-        yield True
-    finally:
-        services.start_ray_process = start
+    flags = ("--python_worker_command=",)
+    with raylet_command(lambda command: [launched_by(launcher, flags, a) for a in command]) as on:
+        yield on
 
 
 def start_local_ray(**init_kwargs: Any) -> None:

@@ -105,15 +105,12 @@ def _reap_orphans() -> bool:
         return False
 
 
-def worker_command(command: str) -> str:
-    """The raylet's ``--python_worker_command=`` value that starts a worker through the
-    zygote (unchanged where there is none)."""
+def launcher() -> list[str] | None:
+    """The command that starts a worker through the zygote, to put before the worker's own;
+    None where no zygote was forked."""
     if not forked():
-        return command
-    import subprocess
-
-    prefix = [sys.executable, "-I", "-S", str(CLIENT), PLAN.address]
-    return f"{subprocess.list2cmdline(prefix)} {command}"
+        return None
+    return [sys.executable, "-I", "-S", str(CLIENT), PLAN.address]
 
 
 def forked() -> bool:
