@@ -389,15 +389,19 @@ def run_all(
         return []
     if inline and parallel > 1:
         return _run_parallel(jobs, out, overwrite, parallel)
+    from raysim.runtime import zygote
+
     started = False
     kept: Any = contextlib.nullcontext()
-    if not inline:  # one Ray for all the runs, and their actors kept from one run to the next
-        from raysim.runtime.reuse import kept_actors
-        from raysim.runtime.session import ensure_ray
-
-        started = ensure_ray(jobs[0].cfg.runtime)
-        kept = kept_actors()
     try:
+        if not inline:  # one Ray for all the runs, and their actors kept from one run to the next
+            if jobs[0].cfg.runtime.forks_workers:  # before Ray loads and any torch operation
+                zygote.fork_here()
+            from raysim.runtime.reuse import kept_actors
+            from raysim.runtime.session import ensure_ray
+
+            started = ensure_ray(jobs[0].cfg.runtime)
+            kept = kept_actors()
         with kept:
             for job in jobs:
                 _run_job(job, out, inline, overwrite)
@@ -406,6 +410,7 @@ def run_all(
             import ray
 
             ray.shutdown()
+        zygote.release()
     return []
 
 

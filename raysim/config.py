@@ -232,6 +232,11 @@ class RuntimeConfig(_Section):
     checkpoint_every: int = Field(1, ge=0)  # rounds between checkpoints; 0: none
     max_coordinator_restarts: int = Field(3, ge=0)  # from the last checkpoint, in one session
 
+    @property
+    def forks_workers(self) -> bool:
+        """Whether a zygote serves this runtime's workers: a local Ray, not turned off."""
+        return self.fork_workers and not self.address
+
     @field_validator("client_group_size")
     @classmethod
     def _group_size(cls, v: int | str) -> int | str:

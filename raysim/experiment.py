@@ -78,7 +78,7 @@ def build_dataset(cfg: ExperimentConfig) -> FederatedDataset:
 
 def prepare(cfg: ExperimentConfig, algorithm_cls: Callable[[Any], Any], env_cls: Any) -> Prepared:
     """Build data, model initialisation and the algorithm (which calibrates its noise)."""
-    if cfg.runtime.fork_workers and not cfg.runtime.address:  # before any torch operation
+    if cfg.runtime.forks_workers:  # before any torch operation
         zygote.fork_planned()
     ds = build_dataset(cfg)
     check_against_data(cfg, ds)

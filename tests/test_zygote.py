@@ -13,8 +13,10 @@ import textwrap
 import time
 from pathlib import Path
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from conftest import small_config
 
 from raysim.runtime import zygote
@@ -37,14 +39,22 @@ def _command(context: str = PLAIN, python: str = sys.executable, *flags: str) ->
 
 
 def test_only_a_plain_python_worker_is_forked() -> None:
-    assert zygote._worker_script(_command()) == [
+    env = {"HOME": "/h", "A": "0"}
+    script = [
         "/ray/_private/workers/default_worker.py",
         "--node-ip-address=127.0.0.1",
         "--startup-token=3",
     ]
-    assert zygote._worker_script(_command("{}")) is not None  # Ray's context for no runtime env
+    assert zygote._worker_script(_command(), env) == (script, env)
+    assert zygote._worker_script(_command("{}"), env) == (script, env)  # Ray's, for no runtime env
+    # a runtime environment's variables (Tune's trials have one): set over the command's
+    tune = json.dumps({"env_vars": {"A": "1", "PL_DISABLE_FORK": "1"}})
+    assert zygote._worker_script(_command(tune), env) == (
+        script,
+        {"HOME": "/h", "A": "1", "PL_DISABLE_FORK": "1"},
+    )
     declined = [
-        _command(json.dumps({"env_vars": {"A": "1"}})),  # a runtime environment's variables
+        _command(json.dumps({"env_vars": {"A": "${HOME}/x"}})),  # Ray would expand it
         _command(json.dumps({"command_prefix": ["conda", "run"]})),
         _command(json.dumps({"py_executable": "/other/python"})),
         _command(python="/other/python"),  # another interpreter than the zygote's
@@ -53,7 +63,7 @@ def test_only_a_plain_python_worker_is_forked() -> None:
         [c.replace("PYTHON", "JAVA") for c in _command()],
     ]
     for command in declined:
-        assert zygote._worker_script(command) is None, command
+        assert zygote._worker_script(command, env) is None, command
 
 
 def test_a_worker_that_would_load_other_code_is_not_forked() -> None:
@@ -84,6 +94,7 @@ import json, os, signal, sys, time
 from pathlib import Path
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ.pop("OMP_NUM_THREADS", None)  # torch's default in the zygote: the machine's cores
 from raysim.runtime import zygote
 
 plan = zygote.plan()
@@ -102,7 +113,7 @@ from raysim.runtime.local_ray import start_local_ray
 start_local_ray(num_cpus=2)
 
 
-@ray.remote(num_cpus=1)
+@ray.remote(num_cpus=0.5)  # room for three at once on the two CPUs
 class Probe:
     def report(self):
         return {
@@ -113,6 +124,8 @@ class Probe:
             "pgid": os.getpgid(0),
             "job": os.environ.get("RAY_JOB_ID"),
             "argv0": os.path.basename(sys.argv[0]),
+            "threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else 0,
+            "probe_var": os.environ.get("RAYSIM_PROBE"),
         }
 
 
@@ -159,6 +172,8 @@ with socket.socket(socket.AF_UNIX) as other:  # a command that is not a Ray work
     print("DECLINED", other.recv(1).decode(), flush=True)
 third = Probe.remote()  # the zygote still forks
 print("THIRD", json.dumps(ray.get(third.report.remote(), timeout=180)), flush=True)
+tune_like = Probe.options(num_cpus=0.01, runtime_env={"env_vars": {"RAYSIM_PROBE": "1"}}).remote()
+print("ENV_VARS", json.dumps(ray.get(tune_like.report.remote(), timeout=180)), flush=True)
 os._exit(0)  # no ray.shutdown: the zygote and its workers must still go
 """
 
@@ -181,8 +196,12 @@ def test_workers_are_forked_with_torch_loaded_and_go_with_the_driver() -> None:
     zygotes = {r["ppid"] for r in reports}
     try:
         assert len(zygotes) == 1  # both forked by the same process
-        for r in reports:
+        env_vars = json.loads(lines["ENV_VARS"])  # a Tune trial's runtime env sets variables
+        assert env_vars["ppid"] in zygotes and env_vars["probe_var"] == "1", env_vars
+        workers.add(env_vars["pid"])
+        for r in [*reports, env_vars]:
             assert r["torch"], r  # loaded before the worker started
+            assert r["threads"] == 1, r  # as Ray gives a fresh worker of at most one CPU
             assert r["nice"] == 15 and r["pgid"] == r["pid"], r  # as the raylet's workers are
             assert r["job"] and r["argv0"] == "default_worker.py", r
         # the prepare child is gone and the driver, its orphans' reaper, is the zygote's parent
@@ -227,3 +246,30 @@ def test_a_run_gives_the_same_bits_with_forked_workers(tmp_path, mode) -> None:
     forked = _cli_run(tmp_path, "forked", **common)
     started = _cli_run(tmp_path, "started", **common, **{"runtime.fork_workers": "false"})
     assert forked.equals(started), (forked, started)
+
+
+def _cli_sweep(tmp_path: Path, name: str, *sets: str):
+    sweep = tmp_path / "sweep.yaml"
+    space = {"privacy.epsilon": {"grid": [1, 8]}}
+    config = small_config(rounds=1, **{"runtime.cpus_per_worker": 0.45})
+    sweep.write_text(yaml.safe_dump({"name": "tiny", "set": config, "space": space}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "raysim.cli", "sweep", str(sweep), "--out", str(tmp_path / name)]
+        + [s for item in sets for s in ("--set", item)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = pd.read_parquet(tmp_path / name / "trials.parquet").sort_values("privacy.epsilon")
+    return trials[["privacy.epsilon", "accuracy", "loss", "epsilon"]].reset_index(drop=True)
+
+
+def test_a_sweep_gives_the_same_bits_with_forked_trials(tmp_path) -> None:
+    """`raysim sweep` forks the zygote from its driver: Tune's trial actors (whose runtime
+    environment sets variables) and their runs' actors start from it."""
+    forked = _cli_sweep(tmp_path, "forked")
+    started = _cli_sweep(tmp_path, "started", "runtime.fork_workers=false")
+    assert forked["accuracy"].notna().all() and forked.equals(started), (forked, started)

@@ -163,14 +163,20 @@ def sweep_main(args: argparse.Namespace) -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     sweep = load_sweep(args.sweep, list(args.set or []))  # user mistakes fail before Ray
     out = Path(args.out or Path("runs") / f"sweep-{sweep.name}").resolve()
+    from raysim.runtime import zygote
+
+    runtime = trial_config(sweep.base, {}).runtime
+    if runtime.forks_workers:  # before Ray loads: the trials' processes are forked from it
+        zygote.fork_here()
     import pandas as pd
 
     from raysim.runtime.resources import alive_nodes
     from raysim.runtime.session import ensure_ray
     from tune.plots import plot_sweep
 
-    started = ensure_ray(trial_config(sweep.base, {}).runtime)
+    started = False
     try:
+        started = ensure_ray(runtime)
         nodes = alive_nodes()
         size_to_cluster(sweep, nodes)
         check_trials(sweep, nodes)  # before Tune: it would wait forever on a misfit
@@ -182,6 +188,7 @@ def sweep_main(args: argparse.Namespace) -> int:
             import ray
 
             ray.shutdown()
+        zygote.release()
     df = pd.DataFrame(trial_rows(grid, sweep))
     df.to_parquet(out / "trials.parquet", index=False)
     plot_sweep(df, sweep, out)

@@ -15,8 +15,12 @@ loaded it would hand every worker the zygote's (tried: the worker finds no job I
 The worker registers with the raylet under its own PID, as Ray's container workers do. One thing
 a fork cannot take from its environment: torch's default thread count, which OpenMP reads from
 ``OMP_NUM_THREADS`` when it loads (in the zygote), while Ray sets that variable in a worker only
-as its first task starts. raysim's actors set their thread count themselves
-(``runtime.threads_per_worker``), so their results do not depend on it.
+as its first task starts. A forked worker starts with the count a fresh worker of at most one
+CPU gets (``_fresh_thread_count``); raysim's actors set theirs (``runtime.threads_per_worker``).
+
+``raysim compare`` and ``raysim sweep`` prepare their runs in the driver itself: they fork the
+zygote from the driver (``fork_here``) before they import Ray, so Tune's trials, too, start
+with torch and raysim loaded.
 
 Where anything differs (not Linux, no ``pidfd_open``, a runtime environment, another
 interpreter or library path, Ray already loaded), the worker starts as Ray starts it. The zygote
@@ -132,20 +136,39 @@ def fork_planned() -> None:
     zygote (once). A no-op anywhere else."""
     if PLAN is None or PLAN.forked or os.getpid() == PLAN.driver or "ray" in sys.modules:
         return
-    PLAN.forked = True
-    read, write = PLAN.lifeline
-    os.close(write)  # only the driver holds it: the zygote sees the driver go
+    _fork(PLAN)
+
+
+def fork_here() -> bool:
+    """In a driver that runs in-process what ``raysim run`` prepares in a child (``raysim
+    compare``, ``raysim sweep``: each actor and Tune trial would import torch and raysim
+    afresh), before it imports Ray and before any torch operation: fork the zygote from this
+    process. Whether it did; ``release`` lets it go."""
+    if forked() or plan() is None:
+        return forked()
+    _fork(PLAN)
+    return True
+
+
+def _fork(plan: Plan) -> None:
+    plan.forked = True
+    read, write = plan.lifeline
     sys.stdout.flush()
     sys.stderr.flush()
     if os.fork() == 0:
         try:
-            _serve(PLAN.address, read)
+            os.close(write)  # only the driver holds it: the zygote sees the driver go
+            _serve(plan.address, read)
         finally:
             os._exit(0)
     os.close(read)
+    if os.getpid() != plan.driver:
+        os.close(write)
 
 
 def _serve(address: str, lifeline: int) -> None:
+    global PLAN
+    PLAN = None  # the driver's: a worker forked from here plans nothing
     for fd in _open_fds():  # the prepare child's pipe to the driver, its shared file, ...
         if fd > 2 and fd != lifeline:
             with contextlib.suppress(OSError):
@@ -241,12 +264,13 @@ def _fork_worker(conn: socket.socket) -> int | None:
         if len(body) < size:
             raise ValueError("the client went away")
         request = json.loads(body)
-        script = _worker_script(request["argv"])
-        if script is None or len(fds) != 3 or not same_loader(request["env"]):
+        worker = _worker_script(request["argv"], request["env"])
+        if worker is None or len(fds) != 3 or not same_loader(worker[1]):
             for fd in fds:
                 os.close(fd)
             conn.sendall(b"0")
             return None
+        script, request["env"] = worker
     except (OSError, ValueError, KeyError, TypeError, struct.error):  # not a client's request
         return None
     pid = os.fork()
@@ -279,11 +303,12 @@ def same_loader(env: dict[str, str]) -> bool:
     return all(env.get(name) == os.environ.get(name) for name in LOADER_ENV)
 
 
-def _worker_script(argv: list[str]) -> list[str] | None:
-    """Ray's worker script and its arguments, from the command the raylet would run
-    (``python setup_worker.py WORKER ARGS... --serialized-runtime-env-context=C
-    --language=PYTHON``); None unless it is that command with this interpreter and an empty
-    runtime environment (which ``setup_worker.py`` would then ``exec`` as it is)."""
+def _worker_script(argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]] | None:
+    """Ray's worker script with its arguments, and the environment it runs in, from the command
+    the raylet would run (``python setup_worker.py WORKER ARGS... --serialized-runtime-env-context=C
+    --language=PYTHON``) and that command's environment ``env``. None unless it is that command,
+    with this interpreter and a runtime environment that at most sets variables (as Tune's
+    trials' does): ``setup_worker.py`` would set them, then ``exec`` the worker as it is."""
     if len(argv) < 3 or argv[0] != sys.executable or Path(argv[1]).name != "setup_worker.py":
         return None
     rest, context, language = [], None, None
@@ -297,12 +322,15 @@ def _worker_script(argv: list[str]) -> list[str] | None:
     if language != "PYTHON" or not rest or Path(rest[0]).name != "default_worker.py":
         return None
     ctx = json.loads(context or "{}")
-    plain = {"command_prefix": [], "env_vars": {}, "override_worker_entrypoint": None}
+    plain = {"command_prefix": [], "override_worker_entrypoint": None}
     if any(ctx.get(k) not in (None, v) for k, v in plain.items()):
         return None
     if ctx.get("py_executable") not in (None, sys.executable):
         return None
-    return rest
+    env_vars = ctx.get("env_vars") or {}
+    if any(not isinstance(v, str) or "$" in v for v in env_vars.values()):
+        return None  # (Ray expands ``$X`` in them from the worker's environment)
+    return rest, {**env, **env_vars}
 
 
 def _become_worker(request: dict, fds: list[int], script: list[str]) -> int:
@@ -320,6 +348,7 @@ def _become_worker(request: dict, fds: list[int], script: list[str]) -> int:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    _fresh_thread_count()
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, int(request["nice"]))
     if request.get("oom_score_adj") is not None:
@@ -335,3 +364,14 @@ def _become_worker(request: dict, fds: list[int], script: list[str]) -> int:
     sys.path[0] = str(Path(script[0]).parent)
     runpy.run_path(script[0], run_name="__main__")
     return 0
+
+
+def _fresh_thread_count() -> None:
+    """torch's thread count as in a fresh worker. OpenMP read ``OMP_NUM_THREADS`` when torch
+    loaded, here in the zygote, while Ray sets it in a worker (to its CPUs, at least one) only as
+    the worker's first task starts, before that task imports torch: a fresh worker of at most one
+    CPU, such as a Tune trial's, runs one thread. raysim's own actors set theirs."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        with contextlib.suppress(ValueError, RuntimeError):
+            torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
