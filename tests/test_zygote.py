@@ -225,10 +225,9 @@ def test_workers_are_forked_with_torch_loaded_and_go_with_the_driver() -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _cli_run(tmp_path: Path, name: str, **overrides: object):
-    sets = [s for item in small_config(**overrides) for s in ("--set", item)]
+def _raysim(tmp_path: Path, *args: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "raysim.cli", "run", "--out", str(tmp_path / name), *sets],
+        [sys.executable, "-m", "raysim.cli", *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -236,6 +235,11 @@ def _cli_run(tmp_path: Path, name: str, **overrides: object):
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _cli_run(tmp_path: Path, name: str, **overrides: object):
+    sets = [s for item in small_config(**overrides) for s in ("--set", item)]
+    _raysim(tmp_path, "run", "--out", str(tmp_path / name), *sets)
     table = pq.read_table(tmp_path / name / "metrics.parquet").to_pandas()
     return table.drop(columns=["round_seconds"])
 
@@ -253,16 +257,8 @@ def _cli_sweep(tmp_path: Path, name: str, *sets: str):
     space = {"privacy.epsilon": {"grid": [1, 8]}}
     config = small_config(rounds=1, **{"runtime.cpus_per_worker": 0.45})
     sweep.write_text(yaml.safe_dump({"name": "tiny", "set": config, "space": space}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "raysim.cli", "sweep", str(sweep), "--out", str(tmp_path / name)]
-        + [s for item in sets for s in ("--set", item)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    sets = tuple(s for item in sets for s in ("--set", item))
+    _raysim(tmp_path, "sweep", str(sweep), "--out", str(tmp_path / name), *sets)
     trials = pd.read_parquet(tmp_path / name / "trials.parquet").sort_values("privacy.epsilon")
     return trials[["privacy.epsilon", "accuracy", "loss", "epsilon"]].reset_index(drop=True)
 

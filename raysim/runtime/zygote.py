@@ -22,12 +22,12 @@ CPU gets (``_fresh_thread_count``); raysim's actors set theirs (``runtime.thread
 zygote from the driver (``fork_here``) before they import Ray, so Tune's trials, too, start
 with torch and raysim loaded.
 
-Where anything differs (not Linux, no ``pidfd_open``, a runtime environment, another
-interpreter or library path, Ray already loaded), the worker starts as Ray starts it. The zygote
-lives as long as the driver (a pipe from it closes when it exits) and kills its workers when it
-goes; the driver makes itself the reaper of its orphans, so the zygote, once the prepare child
-has gone, and its workers stay in the driver's process tree (what the benchmark sums memory
-over).
+Where anything differs (not Linux, no ``pidfd_open``, a runtime environment that does more than
+set variables, another interpreter or library path, Ray already loaded), the worker starts as
+Ray starts it. The zygote lives as long as the driver (a pipe from it closes when it exits) and
+kills its workers when it goes; the driver makes itself the reaper of its orphans, so the
+zygote, once the prepare child has gone, and its workers stay in the driver's process tree (what
+the benchmark sums memory over).
 """
 
 from __future__ import annotations
@@ -328,7 +328,9 @@ def _worker_script(argv: list[str], env: dict[str, str]) -> tuple[list[str], dic
     if ctx.get("py_executable") not in (None, sys.executable):
         return None
     env_vars = ctx.get("env_vars") or {}
-    if any(not isinstance(v, str) or "$" in v for v in env_vars.values()):
+    if not isinstance(env_vars, dict) or any(
+        not isinstance(v, str) or "$" in v for v in env_vars.values()
+    ):
         return None  # (Ray expands ``$X`` in them from the worker's environment)
     return rest, {**env, **env_vars}
 
