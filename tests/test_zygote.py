@@ -225,16 +225,44 @@ def test_workers_are_forked_with_torch_loaded_and_go_with_the_driver() -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _raysim(tmp_path: Path, *args: str) -> None:
-    proc = subprocess.run(
+def _raysim(tmp_path: Path, *args: str) -> set[str]:
+    """Run the CLI; the names of the processes that started its Tune trials (seen every 0.2 s)."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "raysim.cli", *args],
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    parents: set[str] = set()
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        parents |= _trial_parents(proc.pid)
+        time.sleep(0.2)
+    _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    assert proc.returncode == 0, err[-3000:]
+    return parents
+
+
+def _trial_parents(driver: int) -> set[str]:
+    """The names (``comm``) of the parents of this driver's Tune trial processes: the raylet's
+    own children, or the zygote's (both the driver's children)."""
+    names = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if not cmdline.read_bytes().startswith(b"ray::ImplicitFunc"):
+                continue
+            parent = _ppid(int(cmdline.parent.name))
+            if _ppid(parent) == driver:
+                names.add(Path(f"/proc/{parent}/comm").read_text().strip())
+        except (OSError, ValueError, IndexError):
+            continue
+    return names
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def _cli_run(tmp_path: Path, name: str, **overrides: object):
@@ -258,14 +286,18 @@ def _cli_sweep(tmp_path: Path, name: str, *sets: str):
     config = small_config(rounds=1, **{"runtime.cpus_per_worker": 0.45})
     sweep.write_text(yaml.safe_dump({"name": "tiny", "set": config, "space": space}))
     sets = tuple(s for item in sets for s in ("--set", item))
-    _raysim(tmp_path, "sweep", str(sweep), "--out", str(tmp_path / name), *sets)
+    parents = _raysim(tmp_path, "sweep", str(sweep), "--out", str(tmp_path / name), *sets)
     trials = pd.read_parquet(tmp_path / name / "trials.parquet").sort_values("privacy.epsilon")
-    return trials[["privacy.epsilon", "accuracy", "loss", "epsilon"]].reset_index(drop=True)
+    return trials[["privacy.epsilon", "accuracy", "loss", "epsilon"]].reset_index(
+        drop=True
+    ), parents
 
 
 def test_a_sweep_gives_the_same_bits_with_forked_trials(tmp_path) -> None:
-    """`raysim sweep` forks the zygote from its driver: Tune's trial actors (whose runtime
-    environment sets variables) and their runs' actors start from it."""
-    forked = _cli_sweep(tmp_path, "forked")
-    started = _cli_sweep(tmp_path, "started", "runtime.fork_workers=false")
+    """`raysim sweep` forks the zygote from its driver, and Tune's trial actors (whose runtime
+    environment sets variables) start from it, not from the raylet."""
+    forked, forked_by = _cli_sweep(tmp_path, "forked")
+    started, started_by = _cli_sweep(tmp_path, "started", "runtime.fork_workers=false")
+    assert started_by == {"raylet"}, started_by
+    assert forked_by and "raylet" not in forked_by, forked_by
     assert forked["accuracy"].notna().all() and forked.equals(started), (forked, started)

@@ -264,8 +264,8 @@ def background_agents() -> Iterator[bool]:
 @contextmanager
 def forked_workers() -> Iterator[bool]:
     """While active, a Ray head started in this process starts its Python workers through the
-    run's zygote (``zygote.py``), if its prepare child forked one: each worker then begins with
-    torch and raysim imported. Yields whether it does."""
+    run's zygote (``zygote.py``), if one was forked: each worker then begins with torch and
+    raysim imported. Yields whether it does."""
     from raysim.runtime import zygote
 
     launcher = zygote.launcher()

@@ -59,8 +59,8 @@ LOADER_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "LD_PRELOAD", "LD_LI
 
 @dataclass
 class Plan:
-    """A zygote that the prepare child will fork: its socket's (abstract) name, and the pipe
-    that closes when the driver exits (or lets it go)."""
+    """A zygote that the prepare child (or the driver itself) forks: its socket's (abstract)
+    name, and the pipe that closes when the driver exits (or lets it go)."""
 
     address: str
     lifeline: tuple[int, int]  # (read end: the zygote's, write end: the driver's)
@@ -68,12 +68,12 @@ class Plan:
     forked: bool = False
 
 
-PLAN: Plan | None = None  # in the driver: the zygote its prepare child forks; in the child too
+PLAN: Plan | None = None  # in the driver and in its prepare child; None in the zygote
 
 
 def plan() -> Plan | None:
-    """In the driver, before it forks the prepare child: a zygote for this run's local Ray, or
-    None where forking workers is not supported here."""
+    """In the driver, before it forks the prepare child (or the zygote itself): a zygote for
+    this run's local Ray, or None where forking workers is not supported here."""
     global PLAN
     release()
     if sys.platform != "linux" or not all(
@@ -118,7 +118,7 @@ def launcher() -> list[str] | None:
 
 
 def forked() -> bool:
-    """Whether the zygote was forked (in the prepare child, for the driver)."""
+    """Whether the zygote was forked (by the driver, or by its prepare child for it)."""
     return PLAN is not None and PLAN.forked
 
 
@@ -139,15 +139,13 @@ def fork_planned() -> None:
     _fork(PLAN)
 
 
-def fork_here() -> bool:
+def fork_here() -> None:
     """In a driver that runs in-process what ``raysim run`` prepares in a child (``raysim
     compare``, ``raysim sweep``: each actor and Tune trial would import torch and raysim
     afresh), before it imports Ray and before any torch operation: fork the zygote from this
-    process. Whether it did; ``release`` lets it go."""
-    if forked() or plan() is None:
-        return forked()
-    _fork(PLAN)
-    return True
+    process (once). ``release`` lets it go."""
+    if not forked() and plan() is not None:
+        _fork(PLAN)
 
 
 def _fork(plan: Plan) -> None:
