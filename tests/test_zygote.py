@@ -69,7 +69,7 @@ def test_only_a_plain_python_worker_is_forked() -> None:
 def test_a_worker_that_would_load_other_code_is_not_forked() -> None:
     env = dict(os.environ)
     assert zygote.same_loader(env)
-    for name in ("PYTHONPATH", "LD_PRELOAD"):
+    for name in ("PYTHONPATH", "LD_PRELOAD", "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"):
         assert not zygote.same_loader({**env, name: "/elsewhere"})
 
 
@@ -79,6 +79,51 @@ def test_the_launcher_runs_the_command_itself_where_there_is_no_zygote() -> None
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 3  # the command's own status
     assert int(out) == proc.pid  # it replaced the launcher: the PID the raylet watches
+
+
+PRELOAD_PROBE = """
+import importlib.metadata as md, json, re, sys
+from raysim.runtime import zygote
+
+zygote._preload()
+assert "ray" not in sys.modules
+before = {m.split(".")[0] for m in sys.modules}
+import ray
+after = {m.split(".")[0] for m in sys.modules}
+
+
+def normal(name):
+    return name.lower().replace("_", "-")
+
+
+requirements = [r for r in md.requires("ray") or [] if "extra ==" not in r]
+declared = {normal(re.split(r"[<>=!~;\\[ ]", r, maxsplit=1)[0]) for r in requirements}
+modules = {m for m, ds in md.packages_distributions().items() if {normal(d) for d in ds} & declared}
+print(json.dumps({"missed": sorted((after - before) & modules), "declared": sorted(declared)}))
+"""
+
+
+def test_the_zygote_preloads_what_ray_imports_from_its_dependencies() -> None:
+    """Each forked worker imports Ray, which the zygote cannot load; the third-party packages
+    Ray's import pulls in (about half its time) come preloaded. Fails where a new Ray imports
+    another of its declared dependencies (add it to RAY_DEPENDENCIES) and where the list names
+    one that Ray vendors, which a worker must load from Ray's own copy."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(PRELOAD_PROBE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["declared"] and out["missed"] == [], out
+    import importlib.util
+
+    vendored = Path(importlib.util.find_spec("ray").origin).parent / "thirdparty_files"
+    bundled = {p.name for p in vendored.iterdir()} if vendored.is_dir() else set()
+    assert not {name.split(".")[0] for name in zygote.RAY_DEPENDENCIES} & bundled
 
 
 def _alive(pid: int) -> bool:
