@@ -12,6 +12,8 @@ runs Ray's worker script as ``setup_worker.py`` would have ``exec``ed it in a fr
 (for a worker without a runtime environment). Each worker still imports Ray itself: Ray's C++
 side reads its configuration from the environment once per process, so a zygote that had
 loaded it would hand every worker the zygote's (tried: the worker finds no job ID and aborts).
+The third-party packages Ray's import loads need no Ray, so the zygote preloads them
+(``RAY_DEPENDENCIES``): about half of a worker's import of Ray.
 The worker registers with the raylet under its own PID, as Ray's container workers do. One thing
 a fork cannot take from its environment: torch's default thread count, which OpenMP reads from
 ``OMP_NUM_THREADS`` when it loads (in the zygote), while Ray sets that variable in a worker only
