@@ -81,6 +81,18 @@ def test_the_launcher_runs_the_command_itself_where_there_is_no_zygote() -> None
     assert int(out) == proc.pid  # it replaced the launcher: the PID the raylet watches
 
 
+def _python(code: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (this one has Ray loaded), from the repository."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
 PRELOAD_PROBE = """
 import importlib.metadata as md, json, re, sys
 from raysim.runtime import zygote
@@ -108,14 +120,7 @@ def test_the_zygote_preloads_what_ray_imports_from_its_dependencies() -> None:
     Ray's import pulls in (about half its time) come preloaded. Fails where a new Ray imports
     another of its declared dependencies (add it to RAY_DEPENDENCIES) and where the list names
     one that Ray vendors, which a worker must load from Ray's own copy."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(PRELOAD_PROBE)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    proc = _python(PRELOAD_PROBE, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["declared"] and out["missed"] == [], out
@@ -224,14 +229,7 @@ os._exit(0)  # no ray.shutdown: the zygote and its workers must still go
 
 
 def test_workers_are_forked_with_torch_loaded_and_go_with_the_driver() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(PROBE)],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    proc = _python(PROBE, timeout=400)
     lines = dict(
         line.split(" ", 1) for line in proc.stdout.splitlines() if line.split(" ")[0].isupper()
     )
