@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -129,6 +130,21 @@ def test_the_zygote_preloads_what_ray_imports_from_its_dependencies() -> None:
     vendored = Path(importlib.util.find_spec("ray").origin).parent / "thirdparty_files"
     bundled = {p.name for p in vendored.iterdir()} if vendored.is_dir() else set()
     assert not {name.split(".")[0] for name in zygote.RAY_DEPENDENCIES} & bundled
+
+
+def test_what_a_preloaded_dependency_warns_stays_off_the_terminal(tmp_path, monkeypatch) -> None:
+    """The zygote's stderr is the user's terminal; a worker's is its log."""
+    (tmp_path / "raysim_warns_on_import.py").write_text(
+        "import warnings\nwarnings.warn('mismatched versions', UserWarning)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(zygote, "RAY_DEPENDENCIES", ("raysim_warns_on_import",))
+    monkeypatch.delitem(sys.modules, "raysim_warns_on_import", raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        zygote._preload()
+    assert "raysim_warns_on_import" in sys.modules
+    assert not [w for w in caught if "mismatched" in str(w.message)]
 
 
 def _alive(pid: int) -> bool:

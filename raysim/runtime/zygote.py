@@ -45,6 +45,7 @@ import signal
 import socket
 import struct
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,9 +209,16 @@ def _serve(address: str, lifeline: int) -> None:
 
 
 def _preload() -> None:
-    for name in (*PRELOAD, *RAY_DEPENDENCIES):
+    for name in PRELOAD:
         with contextlib.suppress(Exception):
             __import__(name)
+    # What these warn when they load (requests on a mismatched urllib3, say) went to a worker's
+    # log; the zygote's stderr is the user's terminal.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in RAY_DEPENDENCIES:
+            with contextlib.suppress(Exception):
+                __import__(name)
 
 
 class _Server:
