@@ -209,14 +209,11 @@ def _serve(address: str, lifeline: int) -> None:
 
 
 def _preload() -> None:
-    for name in PRELOAD:
-        with contextlib.suppress(Exception):
-            __import__(name)
-    # What these warn when they load (requests on a mismatched urllib3, say) went to a worker's
-    # log; the zygote's stderr is the user's terminal.
+    # What a module warns as it loads (requests on a mismatched urllib3, say) went to a fresh
+    # worker's log; the zygote's stderr is the user's terminal.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for name in RAY_DEPENDENCIES:
+        for name in (*PRELOAD, *RAY_DEPENDENCIES):
             with contextlib.suppress(Exception):
                 __import__(name)
 
