@@ -12,6 +12,9 @@
       training.sampling_rate: {uniform: [0.5, 1.0]}
       algorithm.num_clusters: {choice: [2, 3, 4]}
 
+The random (non-grid) values are drawn from a generator seeded by the base config's `seed`:
+the same sweep file and seed try the same hyperparameters.
+
 Every value a trial may take is validated against the experiment schema here, before Ray starts
 (ranges at their two ends).
 """

@@ -17,6 +17,7 @@ from typing import Any
 
 from raysim.config import ConfigError
 from raysim.rundir import handlers_kept
+from raysim.seeding import public_seed
 from tune.space import Sweep, load_sweep, trial_config
 
 TUNE_DIR = "tune"
@@ -45,6 +46,31 @@ def _scheduler(name: str | None, sweep: Sweep, rounds: int):
     )
 
 
+def search_alg(sweep: Sweep, max_concurrent: int | None = None):
+    """Tune's own variant generator, but seeded from the base config's seed: unseeded it draws
+    the random (non-grid) values from the global np.random, and two sweeps of one seed would
+    try different hyperparameters."""
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    seed = public_seed(trial_config(sweep.base, {}).seed, 0, "sweep")
+    # The limit lives here: Tune ignores max_concurrent_trials beside a given generator.
+    return BasicVariantGenerator(max_concurrent=max_concurrent or 0, random_state=seed)
+
+
+def tune_config(sweep: Sweep, args: argparse.Namespace):
+    """Tune's settings of a fresh sweep (a resumed one keeps those it saved, its draws too)."""
+    from ray import tune
+
+    rounds = trial_config(sweep.base, {}).rounds
+    return tune.TuneConfig(
+        metric=sweep.metric,
+        mode=sweep.mode,
+        num_samples=args.num_samples or sweep.num_samples,
+        scheduler=_scheduler(args.scheduler or sweep.scheduler, sweep, rounds),
+        search_alg=search_alg(sweep, args.max_concurrent),
+    )
+
+
 def _tuner(sweep: Sweep, args: argparse.Namespace, storage: Path):
     from ray import tune
 
@@ -56,17 +82,10 @@ def _tuner(sweep: Sweep, args: argparse.Namespace, storage: Path):
         if not tune.Tuner.can_restore(str(path)):
             raise ConfigError(f"--resume: no sweep to continue in {str(path)!r}")
         return tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
-    rounds = trial_config(sweep.base, {}).rounds
     return tune.Tuner(
         trainable,
         param_space=sweep.param_space(),
-        tune_config=tune.TuneConfig(
-            metric=sweep.metric,
-            mode=sweep.mode,
-            num_samples=args.num_samples or sweep.num_samples,
-            scheduler=_scheduler(args.scheduler or sweep.scheduler, sweep, rounds),
-            max_concurrent_trials=args.max_concurrent,
-        ),
+        tune_config=tune_config(sweep, args),
         run_config=tune.RunConfig(
             name=sweep.name, storage_path=str(storage), verbose=0, log_to_file=True
         ),
