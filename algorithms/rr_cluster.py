@@ -67,6 +67,12 @@ from raysim.protocol import (
 from raysim.rebalancing import Grouping, SensitivityRule, expected_sizes, rebalance, sensitivity
 
 Identifiers = Literal["private", "unaccounted", "histogram"]
+# The paper's 2*C_theta with rebalancing on exact identifiers: a reproduction, labelled as one
+PAPER_RULE_WARNING = (
+    "epsilon understated: sensitivity=paper charges 2*C_theta, but rebalancing on exact "
+    "identifiers (identifiers=histogram, B > 0) moves the sums by up to 3*C_theta (add/remove), "
+    "6*C_theta (replace-one); a reproduction of the paper's accounting, not a guarantee"
+)
 
 
 class RRParams(IFCAParams):
@@ -188,6 +194,9 @@ class RRCluster(IFCA):
         if self.privacy.central_noise:
             out["model_sensitivity"] = self.model_sensitivity()
             out.update(self.id_diagnostics())
+            unsound = self.params.sensitivity == "paper" and self.rebalancing_B > 0
+            if unsound and self.params.identifiers == "histogram":
+                out["accounting_warning"] = PAPER_RULE_WARNING
         return out
 
     # -- clients ---------------------------------------------------------------------------

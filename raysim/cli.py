@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from raysim.config import ConfigError, ExperimentConfig, load_config
+from raysim.config import ConfigError, ExperimentConfig, changed_keys, dump_config, load_config
 
 DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
 DEMO_ALGORITHMS = ("fedavg", "local", "rdpcfl")  # `raysim run` with no CONFIG: the demo
@@ -170,6 +170,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from raysim.experiment import prepare_apart
 
     sets = list(args.set or [])
+    saved = (stage / "config.yaml").read_text()
+    changed = changed_keys(saved, dump_config(load_config(stage / "config.yaml", sets)))
+    if changed:  # its noise and its ledger's budget were planned for the saved config
+        raise ConfigError(
+            f"--resume continues a run as it started: --set would change {', '.join(changed)}; "
+            "only runtime.* keys may be set (start a new run for other settings)"
+        )
     build = lambda: [_prepare(load_config(stage / "config.yaml", sets))]  # noqa: E731
     prep = prepare_apart(build, meanwhile=_load_run_modules)[0]
     blob = load_checkpoint(stage)

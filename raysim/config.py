@@ -188,6 +188,11 @@ class PrivacyConfig(_Section):
         needs_budget = self.mode not in ("none", "dprivacy")
         if needs_budget and self.epsilon is None and self.noise_multiplier is None:
             raise ValueError("privacy.epsilon or privacy.noise_multiplier is required under DP")
+        if needs_budget and self.noise_multiplier == 0:
+            raise ValueError(
+                f"privacy.noise_multiplier=0 adds no noise (eps = infinity) under mode "
+                f"{self.mode!r}: give a multiplier > 0, or use privacy.mode=none"
+            )
         return self
 
 
@@ -281,6 +286,11 @@ class ExperimentConfig(_Section):
             )
         if "delta" not in p.model_fields_set:
             p.delta = population**-1.1
+        elif p.delta >= 1 / population:  # client-level DP over the population, as in "client"
+            raise ValueError(
+                f"privacy.delta={p.delta} must be below 1/population = {1 / population:.3g} for "
+                "distributed DP (privacy.population, default data.num_clients)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -293,6 +303,20 @@ class ExperimentConfig(_Section):
                 f"{1 / self.data.num_clients:.3g} for client-level DP"
             )
         return self
+
+
+def changed_keys(a: str, b: str) -> list[str]:
+    """Dotted keys whose values differ between two dumped configs, ``runtime`` aside (how a run
+    is executed does not change its numbers): what a resumed run may not change."""
+
+    def flat(d: Any, prefix: str = "") -> dict[str, Any]:
+        if not isinstance(d, dict):
+            return {prefix[:-1]: d}
+        return {k: v for key, val in d.items() for k, v in flat(val, f"{prefix}{key}.").items()}
+
+    fa, fb = flat(yaml.safe_load(a)), flat(yaml.safe_load(b))
+    keys = {k for k in fa.keys() | fb.keys() if not k.startswith("runtime.")}
+    return sorted(k for k in keys if fa.get(k) != fb.get(k))
 
 
 def _parse_value(text: str) -> Any:

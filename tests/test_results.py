@@ -13,8 +13,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from raysim.compare import _changed_keys, compare_main, for_algorithm
-from raysim.config import dump_config, load_config
+from raysim.compare import compare_main, for_algorithm
+from raysim.config import changed_keys, dump_config, load_config
 from raysim.rounds import CHECKPOINT_FIELDS
 from raysim.rundir import SUFFIX, find_runs
 from raysim.runtime.checkpoint import load_checkpoint
@@ -51,7 +51,7 @@ def test_committed_run_is_the_readme_command_and_can_go_on(run_dir):
     cfg = for_algorithm(load_config(REPO / TABLES[run_dir.parents[1].name], sets), quiet=True)
     saved = load_config(run_dir / "config.yaml")
     # what `compare --resume` checks before it keeps or continues a run
-    assert _changed_keys(dump_config(saved), dump_config(cfg)) == []
+    assert changed_keys(dump_config(saved), dump_config(cfg)) == []
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     assert [r["round"] for r in rows] == list(range(1, len(rows) + 1))
     if run_dir.name.endswith(SUFFIX):  # its checkpoint still loads with today's classes

@@ -54,7 +54,7 @@ def whole(ray_session, tmp_path_factory):
     return out
 
 
-def test_killed_run_resumes_to_identical_results(whole, tmp_path):
+def test_killed_run_resumes_to_identical_results(whole, tmp_path, capsys):
     died = tmp_path / "died"
 
     def die_after_round_2(row):
@@ -73,6 +73,12 @@ def test_killed_run_resumes_to_identical_results(whole, tmp_path):
     assert (state.status, state.rounds_done, state.rounds) == ("failed", 2, ROUNDS)
     assert "DriverDied" in state.error
 
+    # its noise and budget were planned for the saved config: more rounds or another budget
+    # are refused before anything runs, and nothing is lost
+    for change in ("rounds=8", "privacy.epsilon=2"):
+        assert main(["run", "--resume", str(died), "--set", change]) == 2
+        assert change.split("=")[0] in capsys.readouterr().err
+    assert (stage / CHECKPOINT).is_file()
     assert main(["run", "--resume", str(died)]) == 0
     assert not stage.exists()
     _assert_same(whole, died)

@@ -179,6 +179,17 @@ def test_histogram_releases_noisy_counts_and_pays_the_exact_id_sensitivity():
     assert res.metrics["rebalance_moved"] == 0 and res.metrics["id_noise_to_signal"] == 0.0
 
 
+def test_the_papers_rule_with_exact_ids_is_labelled_as_understating_epsilon():
+    """sensitivity=paper keeps 2*C whatever the ids: with exact ids and B > 0 that is 3x below
+    the sound 6*C (replace-one), so the run is labelled a reproduction, not a guarantee."""
+    exact = [*CLIENT, "algorithm.identifiers=histogram", "algorithm.B=2"]
+    paper = RRCluster(env_for(*exact, "algorithm.sensitivity=paper"))
+    assert paper.model_sensitivity() == pytest.approx(2 * 0.5)
+    assert "epsilon understated" in paper.privacy_summary()["accounting_warning"]
+    for sound in (exact, [*CLIENT, "algorithm.sensitivity=paper", "algorithm.B=2"]):
+        assert "accounting_warning" not in RRCluster(env_for(*sound)).privacy_summary()
+
+
 # ------------------------------------------------------------------------ 4. diagnostics
 
 

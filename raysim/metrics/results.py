@@ -105,8 +105,10 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
     }
     if results.get("startup_seconds"):  # a Ray run: when each start-up step was done
         summary["startup_seconds"] = results["startup_seconds"]
-    if summary["privacy"].get("identifiers_warning"):  # said at the top, in words
-        summary["warning"] = summary["privacy"]["identifiers_warning"]
+    privacy = summary["privacy"]
+    warning = privacy.get("identifiers_warning") or privacy.get("accounting_warning")
+    if warning:  # said at the top, in words
+        summary["warning"] = warning
     summary = json.loads(json.dumps(summary, default=_json_default), parse_constant=lambda c: None)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_finite))
     plot_run(out)
@@ -146,7 +148,7 @@ def plot_run(run_dir: Path) -> None:
     ax.set_ylabel("test accuracy (%)")
     title = f"{summary['algorithm']} on {summary['dataset']}"
     if summary.get("warning"):
-        title += "\n(cluster identifiers not private)"
+        title += f"\n({warning_label(summary['warning'])})"
     ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -162,3 +164,8 @@ def plot_run(run_dir: Path) -> None:
     fig.tight_layout()
     fig.savefig(run_dir / "epsilon.png", dpi=100)
     plt.close(fig)
+
+
+def warning_label(warning: str) -> str:
+    """A run's privacy warning in a few words (its text up to the colon), for titles and tables."""
+    return warning.split(":", 1)[0]
