@@ -24,6 +24,7 @@ import contextlib
 import copy
 import json
 import math
+import pickle
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from raysim.config import ConfigError, load_config
+from raysim.config import ConfigError, changed_keys, load_config
 
 # (column, metric in summary.json "final", scale)
 ACCURACY_COLUMNS = (
@@ -94,14 +95,24 @@ def run_inline(
     run's, so either can continue the other)."""
     import torch
 
-    from raysim.runtime.checkpoint import checkpoint_due, save_checkpoint, write_partial_metrics
+    from raysim.runtime.checkpoint import (
+        checkpoint_due,
+        save_checkpoint,
+        split_checkpoint,
+        write_partial_metrics,
+    )
 
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
     cfg = prep.cfg
     try:
         loop = inline_loop(prep, device)
-        done = loop.restore(resume)[0] if resume is not None else 0
+        done = 0
+        if resume is not None:  # a Ray run's too, whose clients' states were kept apart
+            loop_blob, clients_blob = split_checkpoint(resume)
+            done = loop.restore(loop_blob)[0]
+            if clients_blob is not None:
+                loop.client_states.update(pickle.loads(clients_blob))
         while done < cfg.rounds:
             row = loop.step()
             done += 1
@@ -173,8 +184,10 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for a in names:
         rs = runs[a]
-        private_ids = not any(r.get("warning") for r in rs)
-        label = a if private_ids else f"{a} (cluster identifiers not private)"
+        from raysim.metrics.results import warning_label
+
+        warnings = sorted({warning_label(r["warning"]) for r in rs if r.get("warning")})
+        label = f"{a} ({'; '.join(warnings)})" if warnings else a
         cells = [label, str(len(rs)), ",".join(sorted({str(r["rounds"]) for r in rs}))]
         cells += [_mean_std([r.get(key) for r in rs]) for _, key in ACCURACY_COLUMNS]
         for key in ("ari_round1", "ari"):
@@ -274,6 +287,8 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         for a in algorithms
         for s in seeds
     ]
+    if args.inline:
+        _say_one_process(configs)
     if args.resume and (args.overwrite or not args.out):
         raise ConfigError(
             "--resume: continues the runs in --out DIR; give --out, and not --overwrite"
@@ -304,6 +319,23 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _say_one_process(configs: Sequence[Any]) -> None:
+    """--inline under an untrusted server: said, since only Ray keeps the clients apart."""
+    from raysim.modes import MODES
+
+    untrusted = sorted(
+        {c.privacy.mode for c in configs if not MODES[c.privacy.mode].trusted_server}
+    )
+    if untrusted:
+        print(
+            f"raysim compare: --inline runs the server and the clients in one process: under "
+            f"privacy.mode={','.join(untrusted)} the server's code is given no client's state or "
+            "secure input, but they are in its process; without --inline (on Ray) they stay in "
+            "the clients' actors",
+            file=sys.stderr,
+        )
+
+
 def _job(cfg: Any, out: Path, overwrite: bool, resume: bool) -> Job | None:
     """The run to do for ``cfg`` under OUT: None if ``resume`` finds it finished, a continuation
     if it finds it unfinished (refused if it was started with other settings)."""
@@ -328,7 +360,7 @@ def _job(cfg: Any, out: Path, overwrite: bool, resume: bool) -> Job | None:
         rundir.check_target(target, overwrite=False)  # anything else there: refused
         return Job(cfg, False)
     saved = load_config(stage / "config.yaml") if (stage / "config.yaml").is_file() else None
-    changed = _changed_keys(dump_config(saved), dump_config(cfg)) if saved else []
+    changed = changed_keys(dump_config(saved), dump_config(cfg)) if saved else []
     if changed:
         raise ConfigError(
             f"--resume: {label} in {str(stage)!r} was started with other settings "
@@ -337,21 +369,6 @@ def _job(cfg: Any, out: Path, overwrite: bool, resume: bool) -> Job | None:
     done = rundir.unfinished(stage).rounds_done  # a staging directory: never None
     print(f"raysim compare: {label}: continuing after round {done}", file=sys.stderr)
     return Job(cfg, True)
-
-
-def _changed_keys(a: str, b: str) -> list[str]:
-    """Dotted keys whose values differ between two dumped configs, ``runtime`` aside (how a run
-    is executed does not change its numbers)."""
-    import yaml
-
-    def flat(d: Any, prefix: str = "") -> dict[str, Any]:
-        if not isinstance(d, dict):
-            return {prefix[:-1]: d}
-        return {k: v for key, val in d.items() for k, v in flat(val, f"{prefix}{key}.").items()}
-
-    fa, fb = flat(yaml.safe_load(a)), flat(yaml.safe_load(b))
-    keys = {k for k in fa.keys() | fb.keys() if not k.startswith("runtime.")}
-    return sorted(k for k in keys if fa.get(k) != fb.get(k))
 
 
 def for_algorithm(cfg: Any, quiet: bool = False) -> Any:

@@ -25,7 +25,9 @@ class ClientTask:
     client_id: int
     cluster: int | None = None  # index into the round's broadcast models, if assigned
     train: Any = None  # a training.TrainConfig (per client: R-DPCFL calibrates z per client)
-    state: Any = None  # the client's persistent state, held by the coordinator
+    # the client's persistent state: held by the round loop where the server is trusted, by the
+    # clients' side (runtime.client_side) where it is not; never given to the server step
+    state: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
     weight: int = 1  # relative cost, for balancing shards (the client's train size)
 
@@ -55,6 +57,8 @@ class ClientReport:
     state: Any = None  # new persistent state; None keeps the old one (stays with the client)
     extra: dict[str, Any] = field(default_factory=dict)
     contribution: SecureContribution | None = None  # under secure aggregation
+    # the contribution went to the secure aggregator of the clients' side (runtime.client_side)
+    deposited: bool = False
     withheld: list[Any] = field(default_factory=list)  # Released values the client kept
 
     def withhold_update(self) -> Any:

@@ -101,6 +101,9 @@ class RoundLoop:
         self.round = 0
         self.state = algorithm.init_state(numpy_rng(cfg.seed, 0, SERVER, "init"))
         self.client_states: dict[int, Any] = {}
+        # where the clients' secure inputs are summed when they are not on the reports (the
+        # clients' side actor, set by the Ray coordinator); None: on the reports, summed here
+        self.secure_sums: Any = None
         p = cfg.privacy
         self.ledger = privacy_lib.PrivacyLedger(
             delta=p.delta,
@@ -118,10 +121,17 @@ class RoundLoop:
         return len(self.true_clusters)
 
     def _run(self, kind: str, plan: RoundPlan) -> list[Any]:
-        for t in plan.tasks:  # client state lives here and travels with the task
-            if t.state is None and t.client_id in self.client_states:
-                t.state = self.client_states[t.client_id]
-        reports = self.execute(kind, self.round, list(plan.models), plan.tasks)
+        """Run the plan's tasks. Client state kept here travels with its client's task and is
+        taken off again: the server step gets the plan, and never a client's state. (Where the
+        server is untrusted, on Ray, the state is not here at all: runtime.client_side.)"""
+        attached = [t for t in plan.tasks if t.state is None and t.client_id in self.client_states]
+        for t in attached:
+            t.state = self.client_states[t.client_id]
+        try:
+            reports = self.execute(kind, self.round, list(plan.models), plan.tasks)
+        finally:
+            for t in attached:
+                t.state = None
         return sorted(reports, key=lambda rep: rep.client_id)
 
     def step(self) -> dict[str, Any]:
@@ -137,7 +147,8 @@ class RoundLoop:
         for rep in reports:
             if rep.state is not None:
                 self.client_states[rep.client_id] = rep.state
-        view = algo.privacy.admit(algo.name, plan, reports, numpy_rng(seed, r, SERVER, "secure"))
+        secure_rng = numpy_rng(seed, r, SERVER, "secure")
+        view = algo.privacy.admit(algo.name, plan, reports, secure_rng, secure=self.secure_sums)
         result = algo.server_step(self.state, plan, view, numpy_rng(seed, r, SERVER, "server"))
         for charge in algo.privacy.charges(r, reports):
             self.ledger.charge(r, charge.clients, charge.mechanism, charge.event, charge.params)

@@ -64,9 +64,9 @@ def recording_loop(prep):
     admit, step = algo.privacy.admit, algo.server_step
     reports_of: dict[int, list[ClientReport]] = {}
 
-    def admit_rec(name, plan, reports, rng):
+    def admit_rec(name, plan, reports, rng, secure=None):
         reports_of[plan.round] = list(reports)
-        return admit(name, plan, reports, rng)
+        return admit(name, plan, reports, rng, secure)
 
     def step_rec(state, plan, view, rng):
         seen.append((plan.round, reports_of[plan.round], view))

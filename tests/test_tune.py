@@ -163,3 +163,17 @@ def test_sigterm_stops_a_sweep_and_says_how_to_resume(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted with 2 trials unfinished" in err and "--resume" in err
     assert "Traceback" not in err
+
+
+def test_an_untrusted_servers_trials_keep_the_clients_apart(ray_session, tmp_path):
+    """Under distributed DP each trial starts its clients' side actor in its placement group
+    (runtime.client_side): the trials run to the end."""
+    sets = [*TINY, "privacy.mode=distributed", "privacy.noise_cohort_size=6", "rounds=1"]
+    sets = [s for s in sets if not s.startswith("privacy.delta=")]
+    sweep = tmp_path / "sweep.yaml"
+    space = {"privacy.epsilon": {"grid": [2, 8]}}
+    sweep.write_text(yaml.safe_dump({"name": "apart", "set": sets, "space": space}))
+    out = tmp_path / "out"
+    assert main(["sweep", str(sweep), "--out", str(out)]) == 0
+    df = pd.read_parquet(out / "trials.parquet")
+    assert len(df) == 2 and df["error"].isna().all() and (df["rounds_done"] == 1).all()

@@ -94,16 +94,22 @@ class PrivacyMode:
 
     # -- the boundary --------------------------------------------------------------------------
     def admit(
-        self, algorithm: str, plan: RoundPlan, reports: list[ClientReport], rng: np.random.Generator
+        self,
+        algorithm: str,
+        plan: RoundPlan,
+        reports: list[ClientReport],
+        rng: np.random.Generator,
+        secure: Any = None,
     ) -> list[Message] | SecureSums:
-        """Check every report and return the server's view of the round."""
+        """Check every report and return the server's view of the round (``secure``: where the
+        clients' secure inputs are summed, for a mode with secure aggregation)."""
         tasks = {t.client_id: t for t in plan.tasks}
         for rep in reports:
             self.check(algorithm, rep, tasks.get(rep.client_id))
         return [to_message(r) for r in reports]
 
     def check(self, algorithm: str, report: ClientReport, task: Any) -> None:
-        if report.contribution is not None:
+        if report.contribution is not None or report.deposited:
             refuse(algorithm, "contribution", f"secure aggregation is not part of mode {self.name}")
 
     # -- server side ---------------------------------------------------------------------------

@@ -31,7 +31,7 @@ convention, the sketch does not (its noise is the real per-client noise).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,8 +60,10 @@ from raysim.protocol import (
     SecureSums,
 )
 
-CLIP_TOLERANCE = 1e-5  # float32 rounding of a clipped vector's norm
 SKETCH_MECHANISM = "local_gaussian_sketch"
+
+# (round, members, aggregator, its rng) -> the sums, computed where the contributions are
+SecureSumsOf = Callable[[int, list[int], SecureAggregator, np.random.Generator], SecureSums]
 
 
 @dataclass(frozen=True)
@@ -179,11 +181,7 @@ class Distributed(PrivacyMode):
             refuse(algorithm, "cluster", "under distributed DP only the secure contribution leaves")
         if report.extra:
             refuse(algorithm, "extra", "under distributed DP only the secure contribution leaves")
-        c = report.contribution
-        if c is None:
-            return
-        if float(c.vector.double().norm()) > self.privacy.clip * (1 + CLIP_TOLERANCE):
-            refuse(algorithm, "contribution", f"not clipped to privacy.clip={self.privacy.clip}")
+        # the contribution itself is checked where it is summed (SecureAggregator.check)
 
     def _check_sketch(self, algorithm: str, rel: Any) -> None:
         """An update in the clear is admitted only as the calibrated local sketch release."""
@@ -199,11 +197,18 @@ class Distributed(PrivacyMode):
             refuse(algorithm, "update", "a sketch must be finite")
 
     def admit(
-        self, algorithm: str, plan: RoundPlan, reports: list[ClientReport], rng: np.random.Generator
+        self,
+        algorithm: str,
+        plan: RoundPlan,
+        reports: list[ClientReport],
+        rng: np.random.Generator,
+        secure: SecureSumsOf | None = None,
     ) -> SecureSums | list[Message]:
         """SecureSums (with the round's released sketches beside them). A round planned without
         a secure sum (``plan.info["secure_sum"] = False``: PINA's sketch round, local training)
-        releases none and is charged none: the server gets only the released sketches."""
+        releases none and is charged none: the server gets only the released sketches.
+        Contributions handed to the clients' side (``deposited``, on Ray) are summed there, by
+        ``secure``; the others (one-process runs) here."""
         tasks = {t.client_id: t for t in plan.tasks}
         for rep in reports:
             self.check(algorithm, rep, tasks.get(rep.client_id))
@@ -213,15 +218,23 @@ class Distributed(PrivacyMode):
             if r.update is not None
         ]
         contributions = [r.contribution for r in reports if r.contribution is not None]
+        deposited = [r.client_id for r in reports if r.deposited]
         if plan.info.get("secure_sum", True) is False:  # the algorithm planned no secure sum
-            if contributions:
+            if contributions or deposited:
                 refuse(algorithm, "contribution", "this round has no secure aggregation")
             return sketches
         dim = int(plan.models[0].numel()) if plan.models else 0
-        agg = SecureAggregator(len(plan.models), dim, self.privacy.clip, self.std)
-        server_draws = self.privacy.noise_source == "server"
+        shares = self.cohort if self.privacy.noise_source == "clients" else None
+        clip = self.privacy.clip
+        agg = SecureAggregator(len(plan.models), dim, clip, self.std, algorithm, shares)
         self._released = True
-        sums = agg.aggregate(contributions, rng if server_draws else None)
+        if deposited:
+            if secure is None or contributions:
+                why = "handed to the clients' side, where this run sums none"
+                refuse(algorithm, "contribution", why)
+            sums = secure(plan.round, deposited, agg, rng)
+        else:
+            sums = agg.aggregate(contributions, rng)
         sums.released = sketches
         return sums
 

@@ -60,6 +60,8 @@ class MetricLocal(PrivacyMode):
             refuse(algorithm, "update", "under dprivacy only d-private (sanitized) vectors leave")
         if report.num_samples:
             refuse(algorithm, "num_samples", "the client's dataset size is not sanitized")
+        if any(not isinstance(v, bool) for v in report.extra.values()):
+            refuse(algorithm, "extra", "under dprivacy a report's extra carries flags only")
 
     def leakages(self, reports: list[ClientReport]) -> list[tuple[ClientReport, MetricLeakage]]:
         return [

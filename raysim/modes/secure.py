@@ -19,6 +19,8 @@ import torch
 from raysim.privacy.distributed import noise_share, server_noise
 from raysim.protocol import SecureContribution, SecureSums
 
+CLIP_TOLERANCE = 1e-5  # float32 rounding of a clipped vector's norm
+
 # Weight of the member count beside the clipped vector: small, so the count costs the vector only
 # 0.5% more noise; the count's own noise is then 1/COUNT_WEIGHT times larger (in members), which
 # is small next to a cohort's size under the noise-cohort convention.
@@ -38,23 +40,59 @@ def client_noise_share(
 
 
 class SecureAggregator:
-    """Sums contributions slot by slot and adds the Gaussian noise; only ``SecureSums`` leave."""
+    """Sums contributions slot by slot and adds the Gaussian noise; only ``SecureSums`` leave.
+    It runs where the contributions are: in the clients' side actor on Ray
+    (``raysim.runtime.client_side``), in the round loop's process in one-process runs. It
+    refuses an input that is not clipped to ``clip`` or names no slot (the input validation a
+    real protocol does with proofs), naming ``algorithm``."""
 
-    def __init__(self, num_slots: int, dim: int, clip: float, std: float) -> None:
+    def __init__(
+        self,
+        num_slots: int,
+        dim: int,
+        clip: float,
+        std: float,
+        algorithm: str = "?",
+        share_cohort: float | None = None,
+    ) -> None:
+        """``share_cohort``: None, the aggregator draws the whole noise; m, the clients carry
+        shares of N(0, std^2 / m) and the aggregator adds what fewer than m shares lack."""
         self.num_slots, self.dim, self.clip, self.std = num_slots, dim, clip, std
+        self.algorithm = algorithm
+        self.share_cohort = share_cohort
+
+    def check(self, c: SecureContribution) -> None:
+        from raysim.modes.base import refuse
+
+        if not 0 <= c.slot < self.num_slots:
+            refuse(self.algorithm, "contribution", f"slot {c.slot} of {self.num_slots}")
+        if tuple(c.vector.shape) != (self.dim,):
+            refuse(self.algorithm, "contribution", f"not a vector of dimension {self.dim}")
+        if float(c.vector.double().norm()) > self.clip * (1 + CLIP_TOLERANCE):
+            refuse(self.algorithm, "contribution", f"not clipped to privacy.clip={self.clip}")
 
     def aggregate(
-        self, contributions: Sequence[SecureContribution], rng: np.random.Generator | None
+        self, contributions: Sequence[SecureContribution], rng: np.random.Generator
     ) -> SecureSums:
-        """``rng``: the server draws the noise; None: the clients' shares carry it."""
+        """``rng``: the aggregator's own draws (the whole noise, or the shares' shortfall)."""
+        for c in contributions:
+            self.check(c)
         total = torch.zeros((self.num_slots, self.dim + 1), dtype=torch.float64)
+        shares = 0
         for c in contributions:
             total[c.slot, : self.dim] += c.vector.double()
             total[c.slot, self.dim] += COUNT_WEIGHT * self.clip
             if c.noise_share is not None:
                 total += c.noise_share
-        if rng is not None:
-            total += torch.from_numpy(server_noise(self.std, tuple(total.shape), rng))
+                shares += 1
+        # K shares of variance std^2 / m add up to std^2 K / m: a round with fewer members than
+        # the m they were drawn for would be under-noised, so the aggregator adds the rest
+        missing = 1.0 if self.share_cohort is None else 1.0 - shares / self.share_cohort
+        if self.share_cohort is not None and shares != len(contributions):
+            raise ValueError("either every contribution carries a noise share or none does")
+        if missing > 0:
+            std = self.std * math.sqrt(missing)
+            total += torch.from_numpy(server_noise(std, tuple(total.shape), rng))
         sums = [row[: self.dim].float() for row in total]
         counts = [float(row[self.dim]) / (COUNT_WEIGHT * self.clip) for row in total]
         return SecureSums(sums, counts)

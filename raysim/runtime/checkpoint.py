@@ -8,12 +8,28 @@ starts from the last checkpoint.
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
 CHECKPOINT = "checkpoint.pkl"
+# An untrusted server's Ray run keeps the clients' states apart (runtime.client_side): its
+# checkpoint is this prefix, then the pickled pair (round loop's checkpoint, clients' states).
+# A plain checkpoint is a pickle, which starts with 0x80.
+CLIENTS_APART = b"raysim:clients-apart:1\n"
+
+
+def join_checkpoint(loop_blob: bytes, clients_blob: bytes) -> bytes:
+    return CLIENTS_APART + pickle.dumps((loop_blob, clients_blob))
+
+
+def split_checkpoint(blob: bytes | None) -> tuple[bytes | None, bytes | None]:
+    """(the round loop's checkpoint, the clients' states or None) of a checkpoint."""
+    if blob is None or not blob.startswith(CLIENTS_APART):
+        return blob, None
+    return pickle.loads(blob[len(CLIENTS_APART) :])
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -68,7 +68,8 @@ def worker_options(rt: RuntimeConfig, num_gpus_per_worker: float) -> dict[str, A
 def worker_args(
     cfg: ExperimentConfig, algorithm: Any, data_ref: Any, num_gpus_per_worker: float, spec: Any
 ) -> tuple[Any, ...]:
-    """A ClientWorker's constructor arguments (``data_ref`` in a list: fetched in the actor)."""
+    """A ClientWorker's constructor arguments (``data_ref`` in a list: fetched in the actor),
+    without the clients' side (``ClientSide.new_worker`` and the driver add it)."""
     rt = cfg.runtime
     return (
         algorithm,
@@ -117,11 +118,15 @@ class Coordinator(Renewable):
         workers: list[Any] | None = None,
         trains: bool = False,
         spec: Any = None,
+        client_side: Any = None,
     ) -> None:
         """`workers`: ClientWorker actors the driver already started (in parallel with this
         actor, docs/speed.md); None: start them here. `trains`: this process trains pieces of
         each round too (``trains_in_coordinator``). `algorithm` and the model `spec` (default:
-        ``model_spec(cfg)``) may be sealed."""
+        ``model_spec(cfg)``) may be sealed. `client_side`: the ``ClientSide`` actor of an
+        untrusted server's run: the clients' states and secure inputs stay there, the secure
+        sums are computed there, and it starts the workers this actor would (with the key this
+        actor never holds)."""
         import torch
 
         from raysim.rounds import RoundLoop, group_size
@@ -137,7 +142,20 @@ class Coordinator(Renewable):
             from raysim.models.spec import model_spec
 
             spec = model_spec(cfg)
-        make_worker = worker_factory(cfg, algorithm, dataset_box[0], num_gpus_per_worker, spec)
+        if client_side is None:
+            make_worker = worker_factory(cfg, algorithm, dataset_box[0], num_gpus_per_worker, spec)
+        else:
+            timeout = rt.round_timeout_s
+            assert not trains, "an untrusted server's process trains no client"
+
+            def make_worker(i: int) -> Any:
+                return ray.get(client_side.new_worker.remote(i), timeout=timeout)
+
+            def secure_sums(round: int, members: list[int], aggregator: Any, rng: Any) -> Any:
+                ref = client_side.secure_sums.remote(round, members, aggregator, rng)
+                return ray.get(ref, timeout=timeout)
+
+            self.loop.secure_sums = secure_sums
         self.group_size = group_size(rt.client_group_size, num_gpus_per_worker)
         size = len(true_clusters) if rt.actor_per_client else rt.num_workers
         local = None
@@ -175,7 +193,14 @@ class Coordinator(Renewable):
         return self.loop.snapshot()
 
     def restore(self, blob: bytes) -> tuple[int, list[dict[str, Any]]]:
-        return self.loop.restore(blob)
+        out = self.loop.restore(blob)
+        if self.loop.secure_sums is not None and self.loop.client_states:
+            self.loop.client_states.clear()  # not kept here, not even for the error's sake
+            raise ValueError(
+                "this checkpoint was written in one process (raysim compare --inline) and holds "
+                "the clients' states with the server's: continue it with --inline"
+            )
+        return out
 
     def results(self) -> dict[str, Any]:
         return {

@@ -21,7 +21,14 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raysim.config import RuntimeConfig
 from raysim.rundir import handlers_kept
 from raysim.runtime import reuse
-from raysim.runtime.checkpoint import checkpoint_due, save_checkpoint, write_partial_metrics
+from raysim.runtime.checkpoint import (
+    checkpoint_due,
+    join_checkpoint,
+    save_checkpoint,
+    split_checkpoint,
+    write_partial_metrics,
+)
+from raysim.runtime.client_side import ClientSide, client_key
 from raysim.runtime.coordinator import (
     Coordinator,
     trains_in_coordinator,
@@ -80,7 +87,9 @@ def gpus_per_worker(rt: RuntimeConfig, cluster_gpus: float) -> float:
     return float(rt.gpus_per_worker)
 
 
-def _start_workers(prep: Any, data_ref: Any, gpus: float, trains: bool) -> list[Any]:
+def _start_workers(
+    prep: Any, data_ref: Any, gpus: float, trains: bool, clients: ClientsApart | None
+) -> list[Any]:
     """The ClientWorker actors, started by the driver so that they import torch and build their
     model while the coordinator actor starts (not after it, as when it starts them); one fewer
     where the coordinator ``trains`` clients itself. Kept actors are renewed where a command
@@ -88,8 +97,37 @@ def _start_workers(prep: Any, data_ref: Any, gpus: float, trains: bool) -> list[
     rt = prep.cfg.runtime
     size = len(prep.truth) if rt.actor_per_client else rt.num_workers
     args = worker_args(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec)
+    if clients is not None:
+        args = (*args, (clients.actor, clients.key))
     opts = worker_options(rt, gpus)
     return [reuse.start(ClientWorker, opts, args) for _ in range(size - trains)]
+
+
+class ClientsApart:
+    """An untrusted server's run: the ``ClientSide`` actor (the clients' states and secure
+    inputs, out of the coordinator's process) and its key, which only the driver, that actor and
+    the workers hold. A checkpoint then carries the clients' states beside the round loop's,
+    both written by the driver."""
+
+    def __init__(self, prep: Any, data_ref: Any, gpus: float) -> None:
+        self.key = client_key()
+        rt = prep.cfg.runtime
+        args = (
+            worker_options(rt, gpus),
+            worker_args(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec),
+        )
+        opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1, "max_restarts": 0}
+        snapshots = rt.checkpoint_every > 0
+        self.actor = ray.remote(ClientSide).options(**opts).remote(self.key, *args, snapshots)
+
+    def restore(self, blob: bytes | None, round: int, timeout: float) -> None:
+        ray.get(self.actor.restore.remote(self.key, blob, round), timeout=timeout)
+
+    def snapshot(self, round: int) -> Any:
+        return self.actor.snapshot.remote(self.key, round)
+
+    def shutdown(self) -> None:
+        ray.kill(self.actor)
 
 
 def _coordinator_options(prep: Any, trains: bool) -> tuple[dict[str, Any], tuple[str, bool]]:
@@ -106,10 +144,26 @@ def _coordinator_options(prep: Any, trains: bool) -> tuple[dict[str, Any], tuple
 
 
 def _start_coordinator(
-    prep: Any, data_ref: Any, gpus: float, workers: list[Any] | None, trains: bool
+    prep: Any,
+    data_ref: Any,
+    gpus: float,
+    workers: list[Any] | None,
+    trains: bool,
+    clients: ClientsApart | None,
 ) -> Any:
     opts, tag = _coordinator_options(prep, trains)
-    args = (prep.cfg, prep.algorithm, [data_ref], prep.truth, gpus, workers, trains, prep.spec)
+    side = None if clients is None else clients.actor
+    args = (
+        prep.cfg,
+        prep.algorithm,
+        [data_ref],
+        prep.truth,
+        gpus,
+        workers,
+        trains,
+        prep.spec,
+        side,
+    )
     return reuse.start(Coordinator, opts, args, tag)
 
 
@@ -145,6 +199,7 @@ def run_session(
     t0 = time.perf_counter()
     timeout = rt.round_timeout_s
     coordinator = None
+    clients: ClientsApart | None = None
     early_workers: list[Any] = []
     try:
         if gpus is None:
@@ -152,6 +207,7 @@ def run_session(
         if ray.util.get_current_placement_group() is None:  # a Tune trial's bundles are checked
             check_cluster(rt, gpus)  # by the sweep; a request that can never be met stops here
         trains = trains_in_coordinator(rt, gpus, prep.privacy_summary)
+        apart = not prep.privacy_summary.get("trusted_server", False)
         data_ref = ray.put(prep.dataset)  # once: workers read it zero-copy
         # The driver keeps no second copy: from here on it reads the object store too (the copy
         # prepare built is freed); a private copy comes back when the run ends (below).
@@ -166,22 +222,30 @@ def run_session(
             try:
                 if coordinator is None:
                     startup.setdefault("data_in_store", process_age())
+                    if apart:  # new on a restart too: back to the checkpoint's states below
+                        if clients is not None:
+                            clients.shutdown()
+                        clients = ClientsApart(prep, data_ref, gpus)
                     if not restarts:  # workers from the driver, in parallel with the coordinator
-                        early_workers = _start_workers(prep, data_ref, gpus, trains)
+                        early_workers = _start_workers(prep, data_ref, gpus, trains, clients)
                     else:  # a lost coordinator's workers go; the new one starts its own
                         for w in early_workers:
                             ray.kill(w)
                         early_workers = []
                     coordinator = _start_coordinator(
-                        prep, data_ref, gpus, early_workers or None, trains
+                        prep, data_ref, gpus, early_workers or None, trains, clients
                     )
                     reuse.settle(timeout)  # a kept actor that could not be renewed fails here
                     workers = ray.get(coordinator.info.remote(), timeout=timeout)
                     reuse.drop_idle()  # kept actors this run has no use for free their CPUs
                     startup.setdefault("workers_ready", process_age())
                     done, rows = 0, []
-                    if blob is not None:
-                        done, rows = ray.get(coordinator.restore.remote(blob), timeout=timeout)
+                    loop_blob, clients_blob = split_checkpoint(blob)
+                    if loop_blob is not None:
+                        ref = coordinator.restore.remote(loop_blob)
+                        done, rows = ray.get(ref, timeout=timeout)
+                    if clients is not None:
+                        clients.restore(clients_blob, done, timeout)
                     pending = None
                 if done >= cfg.rounds:
                     break
@@ -194,10 +258,14 @@ def run_session(
                 rows.append(row)
                 every, last = rt.checkpoint_every, done == cfg.rounds or row.get("early_stopped")
                 snap = coordinator.snapshot.remote() if checkpoint_due(every, done, last) else None
+                # the clients' states as after this round, whenever the actor gets the call
+                client_snap = clients.snapshot(done) if snap is not None and clients else None
                 if not last:  # the next round starts now; the actor runs the snapshot first
                     pending = coordinator.step.remote()
                 if snap is not None:
                     blob = ray.get(snap, timeout=timeout)
+                if client_snap is not None:
+                    blob = join_checkpoint(blob, ray.get(client_snap, timeout=timeout))
             except RayActorError as exc:
                 restarts += 1
                 if restarts > rt.max_coordinator_restarts:
@@ -229,6 +297,8 @@ def run_session(
     finally:
         if coordinator is not None:  # a failed run must not leave its actors holding CPUs
             ray.kill(coordinator)
+        if clients is not None:
+            clients.shutdown()
         for w in early_workers:
             ray.kill(w)
         if prep.dataset is not None:  # its buffers live in the object store: copy them out

@@ -41,8 +41,11 @@ class ClientWorker(Renewable):
         threads: int,
         num_gpus: float,
         vectorize: bool = True,
+        client_side: tuple[Any, bytes] | None = None,
     ) -> None:
-        """``algorithm`` and ``model_spec`` may be sealed (raysim.runtime.sealed)."""
+        """``algorithm`` and ``model_spec`` may be sealed (raysim.runtime.sealed).
+        ``client_side``: (the ``ClientSide`` actor, the run's client key) where the server is
+        untrusted: the clients' states and secure inputs go there, never into a reply."""
         import torch
 
         from raysim.models import build_from_spec, init_seed
@@ -63,6 +66,7 @@ class ClientWorker(Renewable):
         self.trainer = LocalTrainer(model, ds.task, self.device)
         self.trainer.vectorize = vectorize
         self.seed = seed
+        self.client_side = client_side
 
     def run(
         self, kind: str, round: int, models: np.ndarray, groups: list[list[ClientTask]]
@@ -74,6 +78,8 @@ class ClientWorker(Renewable):
         import torch
 
         broadcast = [torch.from_numpy(np.array(m, copy=True)) for m in models]
+        if self.client_side is not None:
+            self._fetch_states(groups)
         out: list[Any] = []
         for group in groups:
             ctxs = [
@@ -90,7 +96,35 @@ class ClientWorker(Renewable):
                 continue
             step = self.algorithm.client_step if kind == "train" else self.algorithm.client_evaluate
             out.extend(step(t, c) for t, c in zip(group, ctxs, strict=True))
+        if self.client_side is not None and kind == "train":
+            self._hand_back(round, out)
         return out
+
+    def _fetch_states(self, groups: list[list[ClientTask]]) -> None:
+        import ray
+
+        handle, key = self.client_side  # type: ignore[misc]
+        tasks = [t for g in groups for t in g if t.state is None]
+        if tasks:
+            states = ray.get(handle.states.remote(key, [t.client_id for t in tasks]))
+            for t in tasks:
+                t.state = states.get(t.client_id)
+
+    def _hand_back(self, round: int, reports: list[Any]) -> None:
+        """The new states and the secure inputs go to the clients' side; the reply keeps only
+        that a report's contribution went there (``deposited``)."""
+        import ray
+
+        handle, key = self.client_side  # type: ignore[misc]
+        states, contributions = {}, {}
+        for rep in reports:
+            if rep.state is not None:
+                states[rep.client_id], rep.state = rep.state, None
+            if rep.contribution is not None:
+                contributions[rep.client_id], rep.contribution = rep.contribution, None
+                rep.deposited = True
+        if states or contributions:
+            ray.get(handle.keep.remote(key, round, states, contributions))
 
     def info(self) -> dict[str, Any]:
         return {

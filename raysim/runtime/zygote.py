@@ -54,7 +54,14 @@ from raysim.runtime.zygote_client import HEADER, STATUS, receive
 CLIENT = Path(__file__).with_name("zygote_client.py")
 # what a worker imports before it runs anything, loaded once, in the zygote (best effort; not
 # Ray, above)
-PRELOAD = ("torch", "raysim.runtime.worker", "raysim.training", "raysim.models", "raysim.protocol")
+PRELOAD = (
+    "torch",
+    "raysim.runtime.worker",
+    "raysim.runtime.client_side",
+    "raysim.training",
+    "raysim.models",
+    "raysim.protocol",
+)
 # The third-party packages ``import ray`` loads (ray 2.60, ``python -X importtime``), which need
 # no Ray: each forked worker imports Ray, and these took ~0.23 of its ~0.47 CPU-s. Only Ray's
 # declared dependencies found in site-packages: never what Ray vendors in its thirdparty_files

@@ -1,0 +1,132 @@
+"""The clients' side of an untrusted-server run: what must never be in the server's process.
+
+Under a mode whose server is untrusted (``distributed``, ``dprivacy``) the coordinator actor is
+the server. Two things a round produces are the clients' alone: their persistent state (a
+personal model, PINA's base update and hidden slot) and their secure-aggregation inputs (each a
+clipped vector without noise). ``ClientSide`` is one actor that keeps both, standing for the
+clients' devices and the secure-aggregation protocol they submit to:
+
+* the workers fetch the states of a piece's clients before running it and hand back the new
+  states and the contributions after (``states``, ``keep``), presenting the run's client key;
+* the server may only ask for the noisy per-slot sums of the members it names
+  (``secure_sums``), and for a new worker in place of a lost one (``new_worker``: the worker is
+  built here, with the key, so the key never passes through the server);
+* the driver (the experimenter, not the server) saves and restores the states with each
+  checkpoint (``snapshot``, ``restore``), with the key.
+
+The key (``client_key``) is drawn from the OS, not from the run's seed: it decides no result
+(it only gates who may read), and a key the server could derive from the seed would gate
+nothing. Nothing of the server's process holds it: the driver gives it to this actor and to the
+workers it starts.
+
+States are kept per round written, so a snapshot asked for after round r returns the states as
+they were after round r even when round r + 1's workers have already handed back new ones (the
+driver asks for the snapshot while the next round runs).
+"""
+
+from __future__ import annotations
+
+import hmac
+import pickle
+import secrets
+from typing import Any
+
+from raysim.protocol import SecureContribution, SecureSums
+
+
+def client_key() -> bytes:
+    return secrets.token_bytes(16)
+
+
+class ClientSide:
+    def __init__(
+        self,
+        key: bytes,
+        worker_options: dict[str, Any],
+        worker_args: tuple,
+        snapshots: bool = True,
+    ) -> None:
+        """``snapshots``: the driver will ask for snapshots (checkpoints are on); without them
+        only each client's newest state is kept."""
+        self._key = key
+        self._worker = (worker_options, worker_args)
+        self._snapshots = snapshots
+        # client -> [(round written, state)], oldest first; the first entry is the newest one
+        # at or before the last snapshot (what a restore of that snapshot would need)
+        self._states: dict[int, list[tuple[int, Any]]] = {}
+        self._snapshot_round = 0
+        self._deposits: dict[int, dict[int, SecureContribution]] = {}  # round -> client -> input
+
+    def _check(self, key: bytes) -> None:
+        if not hmac.compare_digest(key, self._key):
+            raise PermissionError("the clients' state is read only with the run's client key")
+
+    # -- the workers -------------------------------------------------------------------------
+    def states(self, key: bytes, clients: list[int]) -> dict[int, Any]:
+        self._check(key)
+        return {c: self._states[c][-1][1] for c in clients if c in self._states}
+
+    def keep(
+        self,
+        key: bytes,
+        round: int,
+        states: dict[int, Any],
+        contributions: dict[int, SecureContribution],
+    ) -> None:
+        """A piece's new states and secure inputs. A piece run again (its worker died) hands
+        back the same values, which replace the first ones."""
+        self._check(key)
+        for c, state in states.items():
+            versions = [v for v in self._states.get(c, []) if v[0] < round]
+            kept = self._since_snapshot(versions) if self._snapshots else []
+            self._states[c] = [*kept, (round, state)]
+        if contributions:
+            self._deposits.setdefault(round, {}).update(contributions)
+
+    def _since_snapshot(self, versions: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+        """The versions a restore may still need: those after the last snapshot, and the newest
+        one at or before it."""
+        before = [v for v in versions if v[0] <= self._snapshot_round]
+        return before[-1:] + [v for v in versions if v[0] > self._snapshot_round]
+
+    # -- the server ------------------------------------------------------------------------------
+    def secure_sums(self, round: int, members: list[int], aggregator: Any, rng: Any) -> SecureSums:
+        """The round's noisy per-slot sums over ``members`` (in client-id order, as the
+        in-process aggregator adds them); the inputs are dropped once summed."""
+        deposits = self._deposits.pop(round, {})
+        for r in [r for r in self._deposits if r < round]:  # a failed attempt's leftovers
+            del self._deposits[r]
+        missing = sorted(set(members) - set(deposits))
+        if missing:
+            raise RuntimeError(f"round {round}: no secure input from clients {missing[:10]}")
+        return aggregator.aggregate([deposits[c] for c in sorted(members)], rng)
+
+    def new_worker(self, index: int) -> Any:
+        import ray
+
+        from raysim.runtime.worker import ClientWorker
+
+        options, args = self._worker
+        me = ray.get_runtime_context().current_actor
+        return ray.remote(ClientWorker).options(**options).remote(*args, (me, self._key))
+
+    # -- the driver ------------------------------------------------------------------------------
+    def snapshot(self, key: bytes, round: int) -> bytes:
+        """The clients' states as they were after ``round``."""
+        self._check(key)
+        self._snapshot_round = max(self._snapshot_round, round)
+        out = {}
+        for c, versions in self._states.items():
+            done = [v for v in versions if v[0] <= round]
+            if done:
+                out[c] = done[-1][1]
+            self._states[c] = self._since_snapshot(versions)
+        return pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def restore(self, key: bytes, blob: bytes | None, round: int) -> None:
+        """Back to the states of a snapshot after ``round`` (None: a run from round 1)."""
+        self._check(key)
+        states = pickle.loads(blob) if blob is not None else {}
+        self._states = {c: [(round, s)] for c, s in states.items()}
+        self._snapshot_round = round
+        self._deposits.clear()

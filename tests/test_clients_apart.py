@@ -1,0 +1,218 @@
+"""An untrusted server's process holds no client's state or secure input (runtime.client_side).
+
+Under ``distributed`` the coordinator actor is the server. The clients' persistent state (PINA's
+base update and hidden slot) and their secure-aggregation inputs (clipped vectors without noise)
+must not exist in its process, let alone reach the server step: a probe algorithm looks for them
+from inside ``server_step``, in its own process, as any server code could.
+"""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import sys
+import warnings
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import RAY_TIMEOUT_S
+
+from algorithms import Environment
+from algorithms.pina import PINA
+from raysim.compare import for_algorithm, inline_loop, run_inline
+from raysim.config import load_config
+from raysim.experiment import prepare, run_prepared
+from raysim.protocol import ClientReport, SecureContribution
+
+TINY_PINA = [
+    "rounds=5",
+    "data.dataset=digits",
+    "data.num_clients=12",
+    "data.cluster_sizes=[6,6]",
+    "data.shift=rotation",
+    "model.name=linear",
+    "training.batch_size=16",
+    "training.lr=0.1",
+    "algorithm.name=pina",
+    "algorithm.num_clusters=2",
+    "algorithm.sketch_dim=8",
+    "privacy.mode=distributed",
+    "privacy.epsilon=8",
+    "privacy.clip=1",
+    "privacy.noise_cohort_size=6",
+    "training.sampling_rate=0.75",
+    "training.eval_every=5",
+    "runtime.progress=false",
+    f"runtime.round_timeout_s={RAY_TIMEOUT_S}",
+]
+
+
+def what_this_process_holds() -> dict[str, float]:
+    """Clients' secure inputs and states anywhere in this process's heap."""
+    from raysim.rounds import RoundLoop
+
+    with warnings.catch_warnings():  # isinstance on some of torch's module objects warns
+        warnings.simplefilter("ignore")
+        objects = gc.get_objects()
+        inputs = sum(isinstance(o, SecureContribution) for o in objects)
+        on_reports = sum(
+            isinstance(o, ClientReport) and (o.state is not None or o.contribution is not None)
+            for o in objects
+        )
+        kept = sum(len(o.client_states) for o in objects if isinstance(o, RoundLoop))
+    return {"probe_inputs": inputs, "probe_report_states": on_reports, "probe_kept": kept}
+
+
+class ProbingPINA(PINA):
+    """PINA whose server step reports what its process holds and what its plan carries."""
+
+    name = "probing_pina"
+
+    def server_step(self, state, plan, view, rng):
+        found = what_this_process_holds()
+        found["probe_plan_states"] = sum(t.state is not None for t in plan.tasks)
+        result = super().server_step(state, plan, view, rng)
+        result.metrics.update({k: float(v) for k, v in found.items()})
+        return result
+
+
+def _prep(*sets: str, algorithm: type = ProbingPINA):
+    """A probe run writes no checkpoint: a checkpoint pickles the algorithm by reference, and
+    Ray's workers cannot import this module (its classes travel by value)."""
+    probe = ["runtime.checkpoint_every=0"] if algorithm is ProbingPINA else []
+    cfg = for_algorithm(load_config(None, TINY_PINA + probe + list(sets)))
+    return prepare(cfg, algorithm, Environment)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def probe_by_value():
+    """Ray's workers cannot import this test module: its classes travel by value."""
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def _metrics(run_dir):
+    df = pq.read_table(run_dir / "metrics.parquet").to_pandas()
+    return df.drop(columns=["round_seconds"])
+
+
+def test_the_server_step_never_gets_a_client_state_in_one_process():
+    """In one process the states are the round loop's (no isolation there: see the docs), but
+    the plan the server step receives never carries them."""
+    loop = inline_loop(_prep())
+    rows = [loop.step() for _ in range(3)]
+    assert loop.client_states  # PINA keeps each client's base update and slot
+    assert all(row["probe_plan_states"] == 0 for row in rows), rows
+
+
+@pytest.fixture(scope="module")
+def on_ray(ray_session, tmp_path_factory):
+    out = tmp_path_factory.mktemp("apart")
+    run_prepared(_prep("runtime.num_workers=2"), out / "two")
+    return out
+
+
+def test_on_ray_the_servers_process_holds_no_client_input_or_state(on_ray):
+    df = _metrics(on_ray / "two")
+    for col in ("probe_inputs", "probe_report_states", "probe_kept", "probe_plan_states"):
+        assert (df[col] == 0).all(), (col, df[col].tolist())
+    assert df["accuracy"].notna().iloc[-1]
+
+
+def test_the_clients_side_computes_the_same_bits_as_one_process(on_ray, tmp_path):
+    """The secure sums on the clients' side actor equal the in-process aggregator's, for one or
+    two workers; a run from a checkpoint equals one that never stopped."""
+    inline = run_inline(_prep())
+    ray_rows = _metrics(on_ray / "two")
+    for row, ref in zip(ray_rows.to_dict("records"), inline["history"], strict=True):
+        for key in ("accuracy", "loss", "epsilon", "count_0", "count_1"):
+            if key in ref:
+                assert row[key] == ref[key] or (np.isnan(row[key]) and np.isnan(ref[key])), key
+    run_prepared(_prep("runtime.num_workers=1"), tmp_path / "one")
+    assert (
+        _metrics(tmp_path / "one")
+        .drop(columns=[c for c in ray_rows if "probe" in c])
+        .equals(ray_rows.drop(columns=[c for c in ray_rows if "probe" in c]))
+    )
+
+
+class DriverDied(Exception):
+    pass
+
+
+def test_a_resumed_run_restores_the_clients_states(ray_session, tmp_path):
+    from raysim.rundir import staging_dir
+    from raysim.runtime.checkpoint import load_checkpoint
+
+    whole, died = tmp_path / "whole", tmp_path / "died"
+    run_prepared(_prep(algorithm=PINA), whole)
+
+    def die_after_round_2(row):
+        if row["round"] == 2:
+            raise DriverDied
+
+    with pytest.raises(DriverDied):
+        run_prepared(_prep(algorithm=PINA), died, on_round=die_after_round_2)
+    blob = load_checkpoint(staging_dir(died))
+    assert blob.startswith(b"raysim:clients-apart")  # the clients' states beside the loop's
+    run_prepared(_prep(algorithm=PINA), died, resume=blob, resuming=True)
+    assert _metrics(died).equals(_metrics(whole))
+    # one process continues it too, the clients' states back in its round loop
+    inline = run_inline(_prep(algorithm=PINA), resume=blob)["history"]
+    assert [r["round"] for r in inline] == [1, 2, 3, 4, 5]
+    assert inline[-1]["accuracy"] == _metrics(whole)["accuracy"].iloc[-1]
+
+
+def test_a_client_key_is_needed_to_read_the_clients_side(ray_session):
+    import ray
+
+    from raysim.runtime.client_side import ClientSide, client_key
+
+    key = client_key()
+    side = ray.remote(ClientSide).options(num_cpus=0).remote(key, {}, ())
+    ray.get(side.keep.remote(key, 1, {3: "state"}, {}), timeout=RAY_TIMEOUT_S)
+    assert ray.get(side.states.remote(key, [3, 4]), timeout=RAY_TIMEOUT_S) == {3: "state"}
+    with pytest.raises(PermissionError):
+        ray.get(side.states.remote(client_key(), [3]), timeout=RAY_TIMEOUT_S)
+    with pytest.raises(PermissionError):
+        ray.get(side.snapshot.remote(b"", 1), timeout=RAY_TIMEOUT_S)
+    ray.kill(side)
+
+
+def test_a_snapshot_is_the_states_after_its_round_even_when_the_next_round_wrote():
+    from raysim.runtime.client_side import ClientSide
+
+    key = b"k" * 16
+    side = ClientSide(key, {}, ())
+    side.keep(key, 1, {0: "a1", 1: "b1"}, {})
+    side.keep(key, 2, {0: "a2"}, {})  # round 2's workers wrote before round 1's snapshot came
+
+    assert pickle.loads(side.snapshot(key, 1)) == {0: "a1", 1: "b1"}
+    assert side.states(key, [0, 1]) == {0: "a2", 1: "b1"}
+    side.keep(key, 3, {0: "a3"}, {})
+    assert pickle.loads(side.snapshot(key, 3)) == {0: "a3", 1: "b1"}
+    side.restore(key, side.snapshot(key, 3), 3)
+    assert side.states(key, [0, 1]) == {0: "a3", 1: "b1"}
+
+
+def test_the_secure_sums_need_every_members_input():
+    import torch
+
+    from raysim.modes.secure import SecureAggregator
+    from raysim.runtime.client_side import ClientSide
+
+    key = b"k" * 16
+    side = ClientSide(key, {}, ())
+    vec = torch.tensor([0.6, 0.0])
+    side.keep(key, 1, {}, {0: SecureContribution(0, vec), 1: SecureContribution(1, vec)})
+    agg = SecureAggregator(2, 2, clip=1.0, std=0.0)
+    sums = side.secure_sums(1, [0, 1], agg, np.random.default_rng(0))
+    assert torch.equal(sums.sums[0], vec) and torch.equal(sums.sums[1], vec)
+    assert sums.counts == pytest.approx([1.0, 1.0])
+    side.keep(key, 2, {}, {0: SecureContribution(0, vec)})
+    with pytest.raises(RuntimeError, match=r"no secure input from clients \[1\]"):
+        side.secure_sums(2, [0, 1], agg, np.random.default_rng(0))
