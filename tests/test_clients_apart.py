@@ -216,3 +216,20 @@ def test_the_secure_sums_need_every_members_input():
     side.keep(key, 2, {}, {0: SecureContribution(0, vec)})
     with pytest.raises(RuntimeError, match=r"no secure input from clients \[1\]"):
         side.secure_sums(2, [0, 1], agg, np.random.default_rng(0))
+
+
+def test_a_secure_sum_in_the_sketch_round_is_charged_too():
+    """The sketch round's plan charges the sketch; a secure sum released in that round as well
+    (PINA plans none there) is charged on top, never in its place."""
+    import torch
+
+    from raysim.protocol import RoundPlan
+
+    algo = _prep(algorithm=PINA).algorithm
+    mode, r = algo.privacy, algo.privacy.needs.local_round
+    assert [c.mechanism for c in mode.planned_charges(r, [0], [])] == ["local_gaussian_sketch"]
+    contribution = SecureContribution(0, torch.zeros(8))
+    plan = RoundPlan([], [torch.zeros(8)], round=r)
+    report = ClientReport(0, contribution=contribution)
+    mode.admit(algo.name, plan, [report], np.random.default_rng(0))
+    assert [c.mechanism for c in mode.charges(r, [report])] == ["secure_gaussian"]

@@ -242,7 +242,7 @@ class Distributed(PrivacyMode):
     def charges(self, round: int, reports: list[ClientReport]) -> list[Charge]:
         super().charges(round, reports)
         released, self._released = self._released, False
-        out = self.planned_charges(round, [], []) if released else []
+        out = [self.secure_charge()] if released else []  # whatever the round's plan said
         return out + group_releases(client_releases(reports))
 
     def planned_charges(
@@ -255,6 +255,10 @@ class Distributed(PrivacyMode):
             params = {"z": z, "k": self.needs.local_dim, "clip": clip}
             event = local_gaussian_event(z)
             return [Charge(SKETCH_MECHANISM, event, list(participants), params)]
+        return [self.secure_charge()]
+
+    def secure_charge(self) -> Charge:
+        """One secure sum, charged to the whole population."""
         params = {"z": self.plan.noise, "q": self.noise_rate, "sampling": "poisson"}
         event = self.noise_cohort.round_event(self.plan.noise)
-        return [Charge("secure_gaussian", event, None, params)]
+        return Charge("secure_gaussian", event, None, params)
