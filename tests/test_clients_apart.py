@@ -233,3 +233,21 @@ def test_a_secure_sum_in_the_sketch_round_is_charged_too():
     report = ClientReport(0, contribution=contribution)
     mode.admit(algo.name, plan, [report], np.random.default_rng(0))
     assert [c.mechanism for c in mode.charges(r, [report])] == ["secure_gaussian"]
+
+
+def test_kmeans_cfl_sketch_keeps_each_clients_stage1_cluster_and_weighs_no_normality():
+    """The k-means-on-sketches baseline: every client trains, each round, in the slot its
+    k-means label gave it (no loss-based re-selection), and every cluster's step has weight 1
+    (the normality statistics are still reported, as diagnostics)."""
+    from algorithms.pina import KMeansSketchCFL
+
+    cfg = for_algorithm(load_config(None, [*TINY_PINA, "algorithm.name=kmeans_cfl_sketch"]))
+    prep = prepare(cfg, KMeansSketchCFL, Environment)
+    loop = inline_loop(prep)
+    rows = [loop.step() for _ in range(cfg.rounds)]
+    labels = loop.state.labels
+    assert labels is not None and len(set(labels.tolist())) == 2
+    slots = {c: s["slot"] for c, s in loop.client_states.items() if "slot" in s}
+    assert slots and all(slots[c] == labels[c] for c in slots)
+    weights = [v for row in rows for k, v in row.items() if k.startswith("weight_")]
+    assert weights and all(w == 1.0 for w in weights)

@@ -50,19 +50,24 @@ def test_each_row_is_n_over_nu_and_eps_is_n_over_nu_delta() -> None:
 def test_total_bounds_the_log_likelihood_ratio_of_all_releases() -> None:
     """Thm 3.1, checked on the Laplace density K exp(-eps ||y - x||) of Prop. 3.1: for inputs
     x, x' within each release's radius, the log ratio of the joint density of the releases is at
-    most the ledger's total."""
+    most the ledger's total, and reaches it (x' at the radius, y beyond x on the same line): the
+    total is the least such bound, not merely a bound."""
     rng = np.random.default_rng(2)
     ledger = MetricLedger()
-    log_ratio = 0.0
+    inside, worst = 0.0, 0.0
     for t in range(1, 6):
         radius = float(rng.uniform(0.1, 2))
         rel = ledger.record(0, t, dim=2, nu=5.0, delta_norm=radius)
-        x = rng.normal(size=2)
-        step = rng.normal(size=2)
-        x2 = x + step / np.linalg.norm(step) * radius * rng.uniform(0.5, 1)  # within the radius
+        x, u = rng.normal(size=2), rng.normal(size=2)
+        u /= np.linalg.norm(u)
+        x2 = x + u * radius * rng.uniform(0.5, 1)  # within the radius
         y = x + 0.3 * rng.normal(size=2)  # any release point
-        log_ratio += rel.epsilon * (np.linalg.norm(y - x2) - np.linalg.norm(y - x))
-    assert log_ratio <= ledger.total(0) + 1e-12
+        inside += rel.epsilon * (np.linalg.norm(y - x2) - np.linalg.norm(y - x))
+        far, y_far = x + u * radius, x - u * float(rng.uniform(0.1, 3))
+        worst += rel.epsilon * (np.linalg.norm(y_far - far) - np.linalg.norm(y_far - x))
+    assert inside <= ledger.total(0) + 1e-12
+    assert worst == pytest.approx(ledger.total(0), rel=1e-12)
+    assert ledger.total(0) == pytest.approx(5 * 2 / 5.0, rel=1e-12)  # five releases of n / nu
 
 
 def test_cap_makes_a_client_skip_and_refuses_an_overspend() -> None:
