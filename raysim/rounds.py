@@ -153,9 +153,8 @@ class RoundLoop:
         for charge in algo.privacy.charges(r, reports):
             self.ledger.charge(r, charge.clients, charge.mechanism, charge.event, charge.params)
         self.ledger.check_budget()  # never continue past the budget
-        nu = self.cfg.privacy.nu
         for rep, leak in algo.privacy.leakages(reports):
-            self.metric_ledger.record(rep.client_id, r, leak.dim, nu, leak.radius, rep.cluster)
+            self.metric_ledger.record(rep.client_id, r, leak.dim, leak.nu, rep.cluster)
         self.state = result.state
         row: dict[str, Any] = {"round": r, "participants": len(reports), **result.metrics}
         if skipped:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -19,7 +17,7 @@ def _paper_run(ledger: MetricLedger, seed: int = 0, clients: int = 100, rounds: 
     counts = np.zeros(clients, dtype=int)
     for t in range(1, rounds + 1):
         for c in rng.choice(clients, size=7, replace=False):
-            ledger.record(int(c), t, dim=2, nu=5.0, delta_norm=float(rng.exponential(0.3)))
+            ledger.record(int(c), t, dim=2, nu=5.0)
             counts[c] += 1
     return counts
 
@@ -34,13 +32,13 @@ def test_totals_are_0_4_times_participations_at_nu_5_n_2() -> None:
     assert sum(counts) == 7 * 50 == len(ledger.rows())
 
 
-def test_each_row_is_n_over_nu_and_eps_is_n_over_nu_delta() -> None:
+def test_each_row_is_n_over_nu_and_holds_no_update_norm() -> None:
+    """n / nu per release; no ||delta|| nor eps (a function of it) in what the server keeps."""
     ledger = MetricLedger()
     _paper_run(ledger, seed=1, rounds=5)
     for r in ledger.rows():
-        assert r["epsilon"] == pytest.approx(2 / (5 * r["delta_norm"]), rel=1e-12)
-        assert r["epsilon"] * r["delta_norm"] == pytest.approx(0.4, rel=1e-12)
-        assert r["leakage"] == pytest.approx(0.4, rel=1e-15) and r["dim"] == 2
+        assert r["leakage"] == pytest.approx(0.4, rel=1e-15) and r["dim"] == 2 and r["nu"] == 5
+        assert not {"delta_norm", "epsilon", "radius"} & set(r)
     # running totals per client
     df = pd.DataFrame(ledger.rows())
     for _, sub in df.groupby("client"):
@@ -57,14 +55,15 @@ def test_total_bounds_the_log_likelihood_ratio_of_all_releases() -> None:
     inside, worst = 0.0, 0.0
     for t in range(1, 6):
         radius = float(rng.uniform(0.1, 2))
-        rel = ledger.record(0, t, dim=2, nu=5.0, delta_norm=radius)
+        ledger.record(0, t, dim=2, nu=5.0)
+        eps = 2 / (5.0 * radius)  # Algorithm 2's eps for this radius, by hand
         x, u = rng.normal(size=2), rng.normal(size=2)
         u /= np.linalg.norm(u)
         x2 = x + u * radius * rng.uniform(0.5, 1)  # within the radius
         y = x + 0.3 * rng.normal(size=2)  # any release point
-        inside += rel.epsilon * (np.linalg.norm(y - x2) - np.linalg.norm(y - x))
+        inside += eps * (np.linalg.norm(y - x2) - np.linalg.norm(y - x))
         far, y_far = x + u * radius, x - u * float(rng.uniform(0.1, 3))
-        worst += rel.epsilon * (np.linalg.norm(y_far - far) - np.linalg.norm(y_far - x))
+        worst += eps * (np.linalg.norm(y_far - far) - np.linalg.norm(y_far - x))
     assert inside <= ledger.total(0) + 1e-12
     assert worst == pytest.approx(ledger.total(0), rel=1e-12)
     assert ledger.total(0) == pytest.approx(5 * 2 / 5.0, rel=1e-12)  # five releases of n / nu
@@ -75,30 +74,26 @@ def test_cap_makes_a_client_skip_and_refuses_an_overspend() -> None:
     leak = MetricLedger.leakage(2, 5.0)
     for t in (1, 2):
         assert not ledger.would_exceed(7, leak)
-        ledger.record(7, t, 2, 5.0, 0.5)
+        ledger.record(7, t, 2, 5.0)
     assert ledger.would_exceed(7, leak)  # 1.2 > 1.0: this client skips
     assert not ledger.would_exceed(8, leak)  # others are unaffected
     with pytest.raises(BudgetError, match="client 7"):
-        ledger.record(7, 3, 2, 5.0, 0.5)
+        ledger.record(7, 3, 2, 5.0)
     assert ledger.total(7) == pytest.approx(0.8)
     exact = MetricLedger(cap=1.2)  # 3 x 0.4 sums to 1.2000000000000002: rounding is allowed
     for t in (1, 2, 3):
-        exact.record(0, t, 2, 5.0, 1.0)
+        exact.record(0, t, 2, 5.0)
     assert exact.would_exceed(0, leak)
 
 
-def test_zero_update_and_bad_input() -> None:
+def test_bad_input() -> None:
     ledger = MetricLedger()
-    rel = ledger.record(0, 1, 2, 5.0, 0.0)
-    assert rel.epsilon == math.inf and rel.leakage == pytest.approx(0.4)
     with pytest.raises(PrivacyConfigError):
         MetricLedger(cap=0)
     with pytest.raises(PrivacyConfigError):
-        ledger.record(0, 2, 2, 0.0, 1.0)
+        ledger.record(0, 2, 2, 0.0)
     with pytest.raises(PrivacyConfigError):
-        ledger.record(0, 2, 2, 5.0, float("nan"))
-    with pytest.raises(PrivacyConfigError):
-        ledger.record(0, 2, 0, 5.0, 1.0)
+        ledger.record(0, 2, 0, 5.0)
 
 
 def test_state_round_trip_and_client_rows() -> None:
@@ -115,7 +110,7 @@ def test_state_round_trip_and_client_rows() -> None:
 def test_max_leakage_per_cluster_by_hand(tmp_path) -> None:
     ledger = MetricLedger()
     for client, t in [(0, 1), (1, 2), (1, 3), (2, 3), (0, 5)]:
-        ledger.record(client, t, 2, 5.0, 1.0)
+        ledger.record(client, t, 2, 5.0)
     clusters = [0, 0, 1, 1]  # client 3 never releases
     table = max_leakage_per_cluster(ledger.rows(), clusters, rounds=6)
     got = table.pivot(index="round", columns="cluster", values="max_leakage")

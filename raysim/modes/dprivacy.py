@@ -48,7 +48,7 @@ class MetricLocal(PrivacyMode):
         else:
             eps = d_privacy_epsilon(dim, self.privacy.nu, radius)
             released = delta + laplace_euclidean(dim, eps, ctx.rng("d_privacy"))
-        leak = MetricLeakage(dim, radius, eps)
+        leak = MetricLeakage(dim, self.privacy.nu)  # what it costs, without the radius
         value = torch.from_numpy(released).float()
         report.update = Released(value, "d_privacy", None, {"nu": self.privacy.nu}, leak)
         report.num_samples = 0  # n stays on the client (Algorithm 1 averages members equally)

@@ -3,8 +3,11 @@
 A release of Algorithm 2 is eps-d-private with ``eps = n / (nu * ||delta||)``: points within the
 radius ``||delta||`` of the update are ``eps * ||delta|| = n / nu`` indistinguishable. That is not
 a dp_accounting event (no neighbouring datasets, no delta), so it is kept here: one row per
-(client, round) with n, ||delta||, eps and the leakage ``eps * ||delta||``. Independent releases
-compose by adding their eps (Theorem 3.1), so a client's total is the sum of its leakages.
+(client, round) with n, nu and the leakage ``n / nu``. Independent releases compose by adding
+their leakages (Theorem 3.1), so a client's total is their sum. The ledger is the server's
+(it runs in the coordinator's process), so it never holds ``||delta||`` or eps: the exact norm
+of a client's update is not part of what an untrusted server may see, and the leakage does not
+depend on it.
 
 What the numbers do not say: the noise scale ``nu * ||delta||`` depends on the update, so the
 release reveals ``||delta||`` roughly, and which hypothesis the client trained is revealed by
@@ -36,8 +39,7 @@ class MetricRelease:
     client: int
     round: int
     dim: int  # n, the number of released parameters
-    delta_norm: float  # ||theta_c - theta_j||, the radius of the protected neighbourhood
-    epsilon: float  # eps = n / (nu * ||delta||); inf when ||delta|| = 0 (nothing is added)
+    nu: float
     leakage: float  # eps * ||delta|| = n / nu (also its limit when ||delta|| -> 0)
     cluster: int | None = None  # the hypothesis the client trained (revealed to the server)
 
@@ -80,27 +82,16 @@ class MetricLedger:
         return self.total(client) + leakage > self.cap * (1 + CAP_RTOL)
 
     def record(
-        self,
-        client: int,
-        round: int,
-        dim: int,
-        nu: float,
-        delta_norm: float,
-        cluster: int | None = None,
+        self, client: int, round: int, dim: int, nu: float, cluster: int | None = None
     ) -> MetricRelease:
         """Charge one release of Algorithm 2 (n = ``dim``, noise multiplier ``nu``)."""
-        if not (delta_norm >= 0 and math.isfinite(delta_norm)):
-            raise PrivacyConfigError(f"delta_norm must be finite and >= 0, got {delta_norm!r}")
-        eps = d_privacy_epsilon(dim, nu, delta_norm)
         leak = self.leakage(dim, nu)
         if self.would_exceed(client, leak):
             raise BudgetError(
                 f"client {client}: release {leak:g} on top of {self.total(client):g} would "
                 f"exceed the leakage cap {self.cap:g} (the client should skip the round)"
             )
-        rel = MetricRelease(
-            int(client), int(round), int(dim), float(delta_norm), eps, leak, cluster
-        )
+        rel = MetricRelease(int(client), int(round), int(dim), float(nu), leak, cluster)
         self._releases.append(rel)
         self._by_client[rel.client].append(leak)
         return rel

@@ -14,16 +14,17 @@ from typing import Any
 
 @dataclass(frozen=True)
 class MetricLeakage:
-    """One d-privacy release (Galli et al., Algorithm 2): eps = n / (nu * ||delta||), and the
-    leakage eps * ||delta|| (= n / nu) adds up over releases (Theorem 3.1)."""
+    """What one d-privacy release (Galli et al., Algorithm 2) costs: eps * ||delta|| = n / nu,
+    adding up over releases (Theorem 3.1). Not ||delta|| itself: the record crosses to the
+    server with the release, and the exact norm of the client's update is not part of what it
+    may see."""
 
-    dim: int
-    radius: float  # ||delta||: the distance the noise hides
-    epsilon: float  # eps-d-privacy of this release (per unit of distance)
+    dim: int  # n, the number of released parameters
+    nu: float
 
     @property
     def leakage(self) -> float:
-        return self.epsilon * self.radius
+        return self.dim / self.nu
 
 
 @dataclass(frozen=True)
