@@ -48,36 +48,39 @@ ACCURACY_COLUMNS = (
 # ------------------------------------------------------------------------------ running
 
 
-def inline_loop(prep: Any, device: str | None = None) -> Any:
+def inline_loop(prep: Any, device: str | None = None, apart: bool = False) -> Any:
     """The engine's round loop (``raysim.rounds.RoundLoop``) for this process, without Ray: the
-    clients run on one in-process ``ClientWorker``, as they would on a worker actor."""
+    clients run on one ``ClientWorker``, as they would on a worker actor: here, or with
+    ``apart`` in a child process with the clients' side (``runtime.client_side.ClientsProcess``:
+    the clients' states and secure inputs never in this process, the server's; its
+    ``loop.clients`` is to be closed)."""
     import torch
 
     from raysim.models import model_spec
     from raysim.rounds import RoundLoop, group_size, task_groups
+    from raysim.runtime.client_side import ClientsProcess
     from raysim.runtime.worker import ClientWorker
 
     cfg = prep.cfg
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     gpus = 1.0 if dev.startswith("cuda") else 0.0
-    worker = ClientWorker(  # a copy of the algorithm, as a worker actor holds
-        copy.deepcopy(prep.algorithm),
-        prep.dataset,
-        model_spec(cfg),
-        cfg.seed,
-        cfg.runtime.threads_per_worker,
-        gpus,
-        cfg.runtime.vectorize,
-    )
-    size = group_size(cfg.runtime.client_group_size, gpus)  # the same groups as on Ray
-    eval_size = cfg.runtime.eval_group_size
+    rt = cfg.runtime
+    # a copy of the algorithm, as a worker actor holds
+    args = (copy.deepcopy(prep.algorithm), prep.dataset, model_spec(cfg), cfg.seed)
+    args += (rt.threads_per_worker, gpus, rt.vectorize)
+    clients = ClientsProcess(args, rt.checkpoint_every > 0) if apart else None
+    worker = clients or ClientWorker(*args)
+    size = group_size(rt.client_group_size, gpus)  # the same groups as on Ray
 
     def execute(kind: str, round: int, models: list[Any], tasks: list[Any]) -> list[Any]:
         stacked = np.stack([m.detach().to("cpu", torch.float32).numpy() for m in models])
-        return worker.run(kind, round, stacked, task_groups(kind, tasks, size, eval_size))
+        return worker.run(kind, round, stacked, task_groups(kind, tasks, size, rt.eval_group_size))
 
     loop = RoundLoop(cfg, prep.algorithm, prep.truth, execute)
     loop.device = str(worker.device)
+    loop.clients = clients
+    if clients is not None:
+        loop.secure_sums = clients.secure_sums
     return loop
 
 
@@ -87,16 +90,19 @@ def run_inline(
     device: str | None = None,
     out_dir: Path | None = None,
     resume: bytes | None = None,
+    apart: bool | None = None,
 ) -> dict[str, Any]:
     """The remaining rounds of ``inline_loop``: the result dict of ``runtime.session.run_session``,
     whose files it writes too: with ``out_dir``, metrics.parquet and a checkpoint (every
     ``runtime.checkpoint_every`` rounds) as rounds finish, so a paper-scale run that stops loses
     at most those rounds; ``resume`` is a checkpoint to continue from (the same format as a Ray
-    run's, so either can continue the other)."""
+    run's, so either can continue the other). ``apart`` (default: where the server is
+    untrusted) keeps the clients in a child process, as a Ray run keeps them on actors."""
     import torch
 
     from raysim.runtime.checkpoint import (
         checkpoint_due,
+        join_checkpoint,
         save_checkpoint,
         split_checkpoint,
         write_partial_metrics,
@@ -105,13 +111,21 @@ def run_inline(
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
     cfg = prep.cfg
+    if apart is None:
+        apart = not prep.algorithm.privacy.trusted_server
+    loop = None
     try:
-        loop = inline_loop(prep, device)
+        loop = inline_loop(prep, device, apart)
         done = 0
         if resume is not None:  # a Ray run's too, whose clients' states were kept apart
             loop_blob, clients_blob = split_checkpoint(resume)
             done = loop.restore(loop_blob)[0]
-            if clients_blob is not None:
+            if loop.clients is not None:
+                if clients_blob is None and loop.client_states:  # kept with the server's
+                    clients_blob = pickle.dumps(loop.client_states)
+                    loop.client_states.clear()
+                loop.clients.restore(clients_blob, done)
+            elif clients_blob is not None:
                 loop.client_states.update(pickle.loads(clients_blob))
         while done < cfg.rounds:
             row = loop.step()
@@ -119,7 +133,10 @@ def run_inline(
             last = done == cfg.rounds or bool(row.get("early_stopped"))
             if out_dir is not None:
                 if checkpoint_due(cfg.runtime.checkpoint_every, done, last):
-                    save_checkpoint(out_dir, loop.snapshot())
+                    blob = loop.snapshot()
+                    if loop.clients is not None:
+                        blob = join_checkpoint(blob, loop.clients.snapshot(done))
+                    save_checkpoint(out_dir, blob)
                 write_partial_metrics(out_dir, loop.history)
             if on_round:
                 on_round(row)
@@ -127,11 +144,13 @@ def run_inline(
                 break
     finally:
         torch.set_num_threads(threads)
+        if loop is not None and loop.clients is not None:
+            loop.clients.close()
     on_gpu = loop.device.startswith("cuda")
     return {
         **loop.results(),
         "workers_replaced": 0,
-        "workers": [{"inline": True, "device": loop.device}],
+        "workers": [{"inline": True, "device": loop.device, "clients_apart": apart}],
         "gpus_per_worker": 1.0 if on_gpu else 0.0,
         "wall_seconds": time.perf_counter() - t0,
     }
@@ -287,8 +306,6 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         for a in algorithms
         for s in seeds
     ]
-    if args.inline:
-        _say_one_process(configs)
     if args.resume and (args.overwrite or not args.out):
         raise ConfigError(
             "--resume: continues the runs in --out DIR; give --out, and not --overwrite"
@@ -317,23 +334,6 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         print(f"raysim compare: failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
-
-
-def _say_one_process(configs: Sequence[Any]) -> None:
-    """--inline under an untrusted server: said, since only Ray keeps the clients apart."""
-    from raysim.modes import MODES
-
-    untrusted = sorted(
-        {c.privacy.mode for c in configs if not MODES[c.privacy.mode].trusted_server}
-    )
-    if untrusted:
-        print(
-            f"raysim compare: --inline runs the server and the clients in one process: under "
-            f"privacy.mode={','.join(untrusted)} the server's code is given no client's state or "
-            "secure input, but they are in its process; without --inline (on Ray) they stay in "
-            "the clients' actors",
-            file=sys.stderr,
-        )
 
 
 def _job(cfg: Any, out: Path, overwrite: bool, resume: bool) -> Job | None:

@@ -101,12 +101,22 @@ def _metrics(run_dir):
 
 
 def test_the_server_step_never_gets_a_client_state_in_one_process():
-    """In one process the states are the round loop's (no isolation there: see the docs), but
-    the plan the server step receives never carries them."""
+    """With the clients in the server's process (the library's inline loop) the states are the
+    round loop's, but the plan the server step receives never carries them."""
     loop = inline_loop(_prep())
     rows = [loop.step() for _ in range(3)]
     assert loop.client_states  # PINA keeps each client's base update and slot
     assert all(row["probe_plan_states"] == 0 for row in rows), rows
+
+
+def test_without_ray_the_clients_run_in_a_child_process():
+    """raysim compare --inline (run_inline) keeps an untrusted server's clients in a child
+    process: the server's process holds none of their inputs or states."""
+    res = run_inline(_prep())
+    assert res["workers"][0]["clients_apart"] is True
+    for row in res["history"]:
+        for col in ("probe_inputs", "probe_report_states", "probe_kept", "probe_plan_states"):
+            assert row[col] == 0, (col, row)
 
 
 @pytest.fixture(scope="module")

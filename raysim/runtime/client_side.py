@@ -108,7 +108,7 @@ class ClientSide:
 
         options, args = self._worker
         me = ray.get_runtime_context().current_actor
-        return ray.remote(ClientWorker).options(**options).remote(*args, (me, self._key))
+        return ray.remote(ClientWorker).options(**options).remote(*args, (OnRay(me), self._key))
 
     # -- the driver ------------------------------------------------------------------------------
     def snapshot(self, key: bytes, round: int) -> bytes:
@@ -130,3 +130,94 @@ class ClientSide:
         self._states = {c: [(round, s)] for c, s in states.items()}
         self._snapshot_round = round
         self._deposits.clear()
+
+
+class OnRay:
+    """A ``ClientSide`` actor as a worker calls it: each call waits for its answer."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def states(self, key: bytes, clients: list[int]) -> dict[int, Any]:
+        import ray
+
+        return ray.get(self.actor.states.remote(key, clients))
+
+    def keep(self, key: bytes, round: int, states: dict, contributions: dict) -> None:
+        import ray
+
+        ray.get(self.actor.keep.remote(key, round, states, contributions))
+
+
+# ------------------------------------------------------------------ one run without Ray
+
+
+class ClientsProcess:
+    """The clients' side of a run without Ray (``raysim compare --inline``, the GPU box): a
+    child process holds the data, the worker and a ``ClientSide``; this process, the server's,
+    sends it the round's tasks and gets the reports (without states or contributions), the
+    secure sums and the clients' snapshots. Spawned, not forked: a fork would copy this
+    process's heap, and a forked torch is unsafe with OpenMP threads running."""
+
+    def __init__(self, worker_args: tuple, snapshots: bool) -> None:
+        import multiprocessing
+
+        self.key = client_key()
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._process = ctx.Process(
+            target=_serve_clients, args=(child, self.key, worker_args, snapshots), daemon=True
+        )
+        self._process.start()
+        child.close()
+        self.device = self._call("device")
+
+    def _call(self, op: str, *args: Any) -> Any:
+        self._conn.send((op, args))
+        ok, value = self._conn.recv()
+        if not ok:
+            raise value
+        return value
+
+    def run(self, kind: str, round: int, models: Any, groups: list) -> list[Any]:
+        return self._call("run", kind, round, models, groups)
+
+    def secure_sums(self, round: int, members: list[int], aggregator: Any, rng: Any) -> Any:
+        return self._call("secure_sums", round, members, aggregator, rng)
+
+    def snapshot(self, round: int) -> bytes:
+        return self._call("snapshot", round)
+
+    def restore(self, blob: bytes | None, round: int) -> None:
+        self._call("restore", blob, round)
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            self._conn.send(("stop", ()))
+            self._process.join(timeout=30)
+        self._conn.close()
+
+
+def _serve_clients(conn: Any, key: bytes, worker_args: tuple, snapshots: bool) -> None:
+    from raysim.runtime.worker import ClientWorker
+
+    side = ClientSide(key, {}, (), snapshots)
+    worker = ClientWorker(*worker_args, (side, key))
+    ops = {
+        "device": lambda: str(worker.device),
+        "run": worker.run,
+        "secure_sums": side.secure_sums,
+        "snapshot": lambda round: side.snapshot(key, round),
+        "restore": lambda blob, round: side.restore(key, blob, round),
+    }
+    while True:
+        try:
+            op, args = conn.recv()
+        except EOFError:  # the server's process is gone
+            return
+        if op == "stop":
+            return
+        try:
+            conn.send((True, ops[op](*args)))
+        except Exception as exc:  # the server's process raises it
+            conn.send((False, exc))

@@ -28,7 +28,7 @@ from raysim.runtime.checkpoint import (
     split_checkpoint,
     write_partial_metrics,
 )
-from raysim.runtime.client_side import ClientSide, client_key
+from raysim.runtime.client_side import ClientSide, OnRay, client_key
 from raysim.runtime.coordinator import (
     Coordinator,
     trains_in_coordinator,
@@ -98,7 +98,7 @@ def _start_workers(
     size = len(prep.truth) if rt.actor_per_client else rt.num_workers
     args = worker_args(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec)
     if clients is not None:
-        args = (*args, (clients.actor, clients.key))
+        args = (*args, (OnRay(clients.actor), clients.key))
     opts = worker_options(rt, gpus)
     return [reuse.start(ClientWorker, opts, args) for _ in range(size - trains)]
 

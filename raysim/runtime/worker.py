@@ -44,8 +44,9 @@ class ClientWorker(Renewable):
         client_side: tuple[Any, bytes] | None = None,
     ) -> None:
         """``algorithm`` and ``model_spec`` may be sealed (raysim.runtime.sealed).
-        ``client_side``: (the ``ClientSide`` actor, the run's client key) where the server is
-        untrusted: the clients' states and secure inputs go there, never into a reply."""
+        ``client_side``: (the clients' side, the run's client key) where the server is
+        untrusted: the clients' states and secure inputs go there, never into a reply (a
+        ``ClientSide``, or its actor as ``client_side.OnRay``)."""
         import torch
 
         from raysim.models import build_from_spec, init_seed
@@ -101,21 +102,17 @@ class ClientWorker(Renewable):
         return out
 
     def _fetch_states(self, groups: list[list[ClientTask]]) -> None:
-        import ray
-
-        handle, key = self.client_side  # type: ignore[misc]
+        side, key = self.client_side  # type: ignore[misc]
         tasks = [t for g in groups for t in g if t.state is None]
         if tasks:
-            states = ray.get(handle.states.remote(key, [t.client_id for t in tasks]))
+            states = side.states(key, [t.client_id for t in tasks])
             for t in tasks:
                 t.state = states.get(t.client_id)
 
     def _hand_back(self, round: int, reports: list[Any]) -> None:
         """The new states and the secure inputs go to the clients' side; the reply keeps only
         that a report's contribution went there (``deposited``)."""
-        import ray
-
-        handle, key = self.client_side  # type: ignore[misc]
+        side, key = self.client_side  # type: ignore[misc]
         states, contributions = {}, {}
         for rep in reports:
             if rep.state is not None:
@@ -124,7 +121,7 @@ class ClientWorker(Renewable):
                 contributions[rep.client_id], rep.contribution = rep.contribution, None
                 rep.deposited = True
         if states or contributions:
-            ray.get(handle.keep.remote(key, round, states, contributions))
+            side.keep(key, round, states, contributions)
 
     def info(self) -> dict[str, Any]:
         return {
