@@ -41,9 +41,18 @@ def test_paper_population_shape() -> None:
 
 
 def test_clients_are_disjoint_and_rows_ordered() -> None:
+    """Every pool row belongs to one client, and the table holds the clients one after another
+    (client i's rows at offsets[i]:offsets[i + 1], as many as its train and test sets)."""
     fd = build_federated_dataset(DataConfig(**PAPER), seed=3)
     src = np.concatenate([fd.client_source_index(i) for i in range(fd.num_clients)])
     assert len(np.unique(src)) == len(src) == fd.table.num_rows
+    assert fd.offsets[0] == 0 and fd.offsets[-1] == fd.table.num_rows
+    assert np.array_equal(np.diff(fd.offsets), fd.sizes)
+    for i in (0, 7, fd.num_clients - 1):
+        x, _ = fd.client_train(i)
+        xt, _ = fd.client_test(i)
+        rows = fd.client_source_index(i)
+        assert len(rows) == len(x) + len(xt)
 
 
 def test_rotation_is_exactly_rot90_k(digits_x: np.ndarray) -> None:
