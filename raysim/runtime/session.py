@@ -117,6 +117,9 @@ class ClientsApart:
             worker_args(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec),
         )
         opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1, "max_restarts": 0}
+        if ray.util.get_current_placement_group() is None:  # beside the driver, as the server
+            here = ray.get_runtime_context().get_node_id()  # is: a lost node takes neither
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=True)
         snapshots = rt.checkpoint_every > 0
         self.actor = ray.remote(ClientSide).options(**opts).remote(self.key, *args, snapshots)
 
