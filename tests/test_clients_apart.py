@@ -261,3 +261,21 @@ def test_kmeans_cfl_sketch_keeps_each_clients_stage1_cluster_and_weighs_no_norma
     assert slots and all(slots[c] == labels[c] for c in slots)
     weights = [v for row in rows for k, v in row.items() if k.startswith("weight_")]
     assert weights and all(w == 1.0 for w in weights)
+
+
+def test_without_ray_a_checkpoint_carries_the_clients_states_too(tmp_path):
+    from raysim.runtime.checkpoint import load_checkpoint
+
+    whole = run_inline(_prep(algorithm=PINA))["history"]
+
+    def die_after_round_2(row):
+        if row["round"] == 2:
+            raise DriverDied
+
+    with pytest.raises(DriverDied):
+        run_inline(_prep(algorithm=PINA), on_round=die_after_round_2, out_dir=tmp_path)
+    blob = load_checkpoint(tmp_path)
+    assert blob.startswith(b"raysim:clients-apart")
+    again = run_inline(_prep(algorithm=PINA), resume=blob)["history"]
+    strip = [{k: v for k, v in r.items() if k != "round_seconds"} for r in whole]
+    assert [{k: v for k, v in r.items() if k != "round_seconds"} for r in again] == strip

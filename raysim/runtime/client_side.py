@@ -199,7 +199,13 @@ class ClientsProcess:
 
 
 def _serve_clients(conn: Any, key: bytes, worker_args: tuple, snapshots: bool) -> None:
+    import signal
+
     from raysim.runtime.worker import ClientWorker
+
+    # Ctrl-C reaches the whole process group: the server's process handles it (marks its run
+    # interrupted) and closes this one, which must not print a traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     side = ClientSide(key, {}, (), snapshots)
     worker = ClientWorker(*worker_args, (side, key))
