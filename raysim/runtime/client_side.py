@@ -22,6 +22,9 @@ workers it starts.
 States are kept per round written, so a snapshot asked for after round r returns the states as
 they were after round r even when round r + 1's workers have already handed back new ones (the
 driver asks for the snapshot while the next round runs).
+
+Without Ray (``raysim compare --inline``) the same ``ClientSide`` and one worker live in a child
+process (``ClientsProcess``), which the server's process drives through a pipe.
 """
 
 from __future__ import annotations
