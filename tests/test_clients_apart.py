@@ -48,20 +48,39 @@ TINY_PINA = [
 ]
 
 
-def what_this_process_holds() -> dict[str, float]:
-    """Clients' secure inputs and states anywhere in this process's heap."""
-    from raysim.rounds import RoundLoop
+# objects of the kinds the probe looks for that were alive before a probe's run began (other
+# tests' leftovers in the test process), by probe; held here, so that their ids stay theirs
+_BEFORE: dict[int, list] = {}
 
+
+def _client_material(objects: list) -> tuple[list, list]:
+    """Secure inputs, and reports that carry one or a client state, among ``objects``."""
     with warnings.catch_warnings():  # isinstance on some of torch's module objects warns
         warnings.simplefilter("ignore")
-        objects = gc.get_objects()
-        inputs = sum(isinstance(o, SecureContribution) for o in objects)
-        on_reports = sum(
-            isinstance(o, ClientReport) and (o.state is not None or o.contribution is not None)
+        inputs = [o for o in objects if isinstance(o, SecureContribution)]
+        reports = [
+            o
             for o in objects
-        )
-        kept = sum(len(o.client_states) for o in objects if isinstance(o, RoundLoop))
-    return {"probe_inputs": inputs, "probe_report_states": on_reports, "probe_kept": kept}
+            if isinstance(o, ClientReport) and (o.state is not None or o.contribution is not None)
+        ]
+    return inputs, reports
+
+
+def what_this_process_holds(probe) -> dict[str, float]:
+    """Clients' secure inputs and states of ``probe``'s run anywhere in this process's heap."""
+    from raysim.rounds import RoundLoop
+
+    gc.collect()
+    objects = gc.get_objects()
+    before = {id(o) for o in _BEFORE.get(id(probe), [])}
+    inputs, reports = (
+        [o for o in found if id(o) not in before] for found in _client_material(objects)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loops = [o for o in objects if isinstance(o, RoundLoop) and o.algorithm is probe]
+    kept = sum(len(loop.client_states) for loop in loops)
+    return {"probe_inputs": len(inputs), "probe_report_states": len(reports), "probe_kept": kept}
 
 
 class ProbingPINA(PINA):
@@ -69,8 +88,13 @@ class ProbingPINA(PINA):
 
     name = "probing_pina"
 
+    def init_state(self, rng):  # in the server's process, as its round loop starts
+        gc.collect()
+        _BEFORE[id(self)] = [o for found in _client_material(gc.get_objects()) for o in found]
+        return super().init_state(rng)
+
     def server_step(self, state, plan, view, rng):
-        found = what_this_process_holds()
+        found = what_this_process_holds(self)
         found["probe_plan_states"] = sum(t.state is not None for t in plan.tasks)
         result = super().server_step(state, plan, view, rng)
         result.metrics.update({k: float(v) for k, v in found.items()})

@@ -77,19 +77,18 @@ class SecureAggregator:
         """``rng``: the aggregator's own draws (the whole noise, or the shares' shortfall)."""
         for c in contributions:
             self.check(c)
+        shares = sum(c.noise_share is not None for c in contributions)
+        if shares != (len(contributions) if self.share_cohort is not None else 0):
+            raise ValueError("noise shares must come with every contribution, or with none")
         total = torch.zeros((self.num_slots, self.dim + 1), dtype=torch.float64)
-        shares = 0
         for c in contributions:
             total[c.slot, : self.dim] += c.vector.double()
             total[c.slot, self.dim] += COUNT_WEIGHT * self.clip
             if c.noise_share is not None:
                 total += c.noise_share
-                shares += 1
         # K shares of variance std^2 / m add up to std^2 K / m: a round with fewer members than
         # the m they were drawn for would be under-noised, so the aggregator adds the rest
         missing = 1.0 if self.share_cohort is None else 1.0 - shares / self.share_cohort
-        if self.share_cohort is not None and shares != len(contributions):
-            raise ValueError("either every contribution carries a noise share or none does")
         if missing > 0:
             std = self.std * math.sqrt(missing)
             total += torch.from_numpy(server_noise(std, tuple(total.shape), rng))

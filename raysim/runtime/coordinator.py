@@ -197,8 +197,9 @@ class Coordinator(Renewable):
         if self.loop.secure_sums is not None and self.loop.client_states:
             self.loop.client_states.clear()  # not kept here, not even for the error's sake
             raise ValueError(
-                "this checkpoint was written in one process (raysim compare --inline) and holds "
-                "the clients' states with the server's: continue it with --inline"
+                "this checkpoint holds the clients' states with the server's (written by the "
+                "library's in-process loop, or by a raysim before the clients' side existed): "
+                "continue it with raysim compare --inline, which moves them to the clients' side"
             )
         return out
 
