@@ -79,8 +79,16 @@ def test_privacy_command_json(capsys):
 
 def test_data_describe(capsys):
     assert main(["data", "describe", *sum((["--set", s] for s in small_config()), [])]) == 0
-    out = capsys.readouterr().out
-    assert "cluster" in out.lower()
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("dataset digits: classification, 10 classes")
+    assert "8 clients in 2 clusters [4, 4]" in out[1]
+    # per cluster: 4 equal clients, whose label counts add up to their train + test rows
+    rows = [line.split(maxsplit=4) for line in out[4:6]]
+    assert [(int(r[0]), int(r[1])) for r in rows] == [(0, 4), (1, 4)]
+    for r in rows:
+        (train,), (test,) = ({int(v) for v in part.split("/")} for part in r[2:4])
+        labels = json.loads(r[4])
+        assert len(labels) == 10 and sum(labels) == 4 * (train + test) == 1792 // 2
 
 
 def test_run_end_to_end_writes_every_result_file(ray_session, tmp_path, capsys):

@@ -13,6 +13,7 @@ from raysim.config import DataConfig
 from raysim.data import FederatedDataset, build_federated_dataset
 
 ray = pytest.importorskip("ray")
+ON_LINUX = Path("/proc/self/maps").exists()  # where a mapping has a name to check
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +54,7 @@ def test_put_once_read_in_place(local_ray: None) -> None:
     pa_, pb = _probe(a), _probe(b)
     assert pa_[0] == pb[0]
     assert not pa_[1]
-    if pa_[3]:
-        assert "plasma" in pa_[3], pa_[3]
+    assert "plasma" in pa_[3] or not ON_LINUX, pa_[3]
     np.testing.assert_array_equal(a.client_test(2)[0], fd.client_test(2)[0])
 
     # worker: the same, and the data it reads is the data we put
@@ -62,5 +62,4 @@ def test_put_once_read_in_place(local_ray: None) -> None:
     w1, w2 = ray.get([probe.remote(ref), probe.remote(ref)], timeout=120)
     assert not w1[1] and not w2[1]
     assert w1[2] == pytest.approx(_probe(fd)[2])
-    if w1[3]:
-        assert "plasma" in w1[3], w1[3]
+    assert "plasma" in w1[3] or not ON_LINUX, w1[3]
