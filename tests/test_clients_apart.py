@@ -9,8 +9,11 @@ from inside ``server_step``, in its own process, as any server code could.
 from __future__ import annotations
 
 import gc
+import os
 import pickle
+import signal
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -178,12 +181,19 @@ class DriverDied(Exception):
     pass
 
 
-def test_a_resumed_run_restores_the_clients_states(ray_session, tmp_path):
+@pytest.fixture(scope="module")
+def whole(ray_session, tmp_path_factory):
+    """PINA's uninterrupted run on Ray, which every interrupted one must reproduce."""
+    out = tmp_path_factory.mktemp("apart") / "whole"
+    run_prepared(_prep(algorithm=PINA), out)
+    return out
+
+
+def test_a_resumed_run_restores_the_clients_states(whole, tmp_path):
     from raysim.rundir import staging_dir
     from raysim.runtime.checkpoint import load_checkpoint
 
-    whole, died = tmp_path / "whole", tmp_path / "died"
-    run_prepared(_prep(algorithm=PINA), whole)
+    died = tmp_path / "died"
 
     def die_after_round_2(row):
         if row["round"] == 2:
@@ -199,6 +209,32 @@ def test_a_resumed_run_restores_the_clients_states(ray_session, tmp_path):
     inline = run_inline(_prep(algorithm=PINA), resume=blob)["history"]
     assert [r["round"] for r in inline] == [1, 2, 3, 4, 5]
     assert inline[-1]["accuracy"] == _metrics(whole)["accuracy"].iloc[-1]
+
+
+def test_a_lost_clients_side_is_restarted_from_the_checkpoint(whole, tmp_path):
+    """The clients' side actor dies after round 1 (round 2 already asked for): the session
+    restarts it and the server from round 1's checkpoint, and the run ends as if nothing
+    happened."""
+    from multinode_driver import actor_pids
+
+    killed: list[int] = []
+
+    def kill_the_clients_side(row):
+        if row["round"] == 1:
+            (pid,) = actor_pids("ClientSide")
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    res = run_prepared(_prep(algorithm=PINA), tmp_path / "lost", on_round=kill_the_clients_side)
+    assert killed and res["coordinator_restarts"] == 1
+    assert _metrics(tmp_path / "lost").equals(_metrics(whole))
+    # nothing is left: not the new clients' side, nor the old server or the new one
+    deadline = time.monotonic() + 20  # ray.kill returns before the process has gone
+    while (left := actor_pids("ClientSide") + actor_pids("Coordinator")) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    assert left == []
 
 
 def test_a_client_key_is_needed_to_read_the_clients_side(ray_session):

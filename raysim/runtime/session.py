@@ -191,7 +191,8 @@ def run_session(
     """Run the remaining rounds. With `out_dir`, metrics.parquet and a checkpoint (every
     `runtime.checkpoint_every` rounds) are written as rounds finish; `resume` is a checkpoint to
     continue from; `gpus` (per worker) overrides `runtime.gpus_per_worker` (a Tune trial passes its
-    bundles' share). A lost coordinator is restarted from the last checkpoint (kept in memory)."""
+    bundles' share). A lost coordinator (or clients' side) is restarted from the last checkpoint
+    (kept in memory)."""
     cfg = prep.cfg
     rt = cfg.runtime
     started = ensure_ray(rt)
@@ -273,7 +274,9 @@ def run_session(
                 restarts += 1
                 if restarts > rt.max_coordinator_restarts:
                     raise
-                log.warning("coordinator lost after round %d (%s): restarting", done, exc)
+                log.warning("an actor lost after round %d (%s): restarting", done, exc)
+                if coordinator is not None:  # where the clients' side went, it lives on
+                    ray.kill(coordinator)
                 coordinator = None
                 continue
             # written while the next round runs: the workers do not wait for the driver's files
