@@ -67,8 +67,10 @@ def inline_loop(prep: Any, device: str | None = None, apart: bool = False) -> An
     rt = cfg.runtime
     # a copy of the algorithm, as a worker actor holds
     args = (copy.deepcopy(prep.algorithm), prep.dataset, model_spec(cfg), cfg.seed)
-    args += (rt.threads_per_worker, gpus, rt.vectorize)
-    clients = ClientsProcess(args, rt.checkpoint_every > 0) if apart else None
+    args += (rt.threads_per_worker, gpus, rt.vectorize, prep.client_seed)
+    clients = None
+    if apart:
+        clients = ClientsProcess(args, rt.checkpoint_every > 0, prep.client_seed)
     worker = clients or ClientWorker(*args)
     size = group_size(rt.client_group_size, gpus)  # the same groups as on Ray
 
@@ -76,7 +78,7 @@ def inline_loop(prep: Any, device: str | None = None, apart: bool = False) -> An
         stacked = np.stack([m.detach().to("cpu", torch.float32).numpy() for m in models])
         return worker.run(kind, round, stacked, task_groups(kind, tasks, size, rt.eval_group_size))
 
-    loop = RoundLoop(cfg, prep.algorithm, prep.truth, execute)
+    loop = RoundLoop(cfg, prep.algorithm, prep.truth, execute, None if apart else prep.client_seed)
     loop.device = str(worker.device)
     loop.clients = clients
     if clients is not None:
@@ -102,6 +104,7 @@ def run_inline(
 
     from raysim.runtime.checkpoint import (
         checkpoint_due,
+        clients_seed_of,
         join_checkpoint,
         save_checkpoint,
         split_checkpoint,
@@ -114,11 +117,13 @@ def run_inline(
     if apart is None:
         apart = not prep.algorithm.privacy.trusted_server
     loop = None
+    if resume is not None and prep.client_seed is not None:  # the clients continue with theirs
+        prep.client_seed = clients_seed_of(resume, cfg.seed)
     try:
         loop = inline_loop(prep, device, apart)
         done = 0
         if resume is not None:  # a Ray run's too, whose clients' states were kept apart
-            loop_blob, clients_blob = split_checkpoint(resume)
+            loop_blob, clients_blob, _ = split_checkpoint(resume)
             done = loop.restore(loop_blob)[0]
             if loop.clients is not None:
                 if clients_blob is None and loop.client_states:  # kept with the server's
@@ -134,8 +139,9 @@ def run_inline(
             if out_dir is not None:
                 if checkpoint_due(cfg.runtime.checkpoint_every, done, last):
                     blob = loop.snapshot()
-                    if loop.clients is not None:
-                        blob = join_checkpoint(blob, loop.clients.snapshot(done))
+                    if prep.client_seed is not None:  # the clients' part: states, seed
+                        states = loop.clients.snapshot(done) if loop.clients else None
+                        blob = join_checkpoint(blob, states, prep.client_seed)
                     save_checkpoint(out_dir, blob)
                 write_partial_metrics(out_dir, loop.history)
             if on_round:
@@ -360,6 +366,9 @@ def _job(cfg: Any, out: Path, overwrite: bool, resume: bool) -> Job | None:
         rundir.check_target(target, overwrite=False)  # anything else there: refused
         return Job(cfg, False)
     saved = load_config(stage / "config.yaml") if (stage / "config.yaml").is_file() else None
+    if saved is not None and cfg.privacy.client_seed is None:  # the one it drew and recorded
+        privacy = cfg.privacy.model_copy(update={"client_seed": saved.privacy.client_seed})
+        cfg = cfg.model_copy(update={"privacy": privacy})
     changed = changed_keys(dump_config(saved), dump_config(cfg)) if saved else []
     if changed:
         raise ConfigError(

@@ -182,6 +182,10 @@ class PrivacyConfig(_Section):
     # dprivacy (metric local DP, Galli et al.): eps = n / (nu * ||delta||) per release
     nu: float = Field(1.0, gt=0)
     leakage_cap: float | None = Field(None, gt=0)  # per-client total; a client past it skips
+    # distributed, dprivacy (an untrusted server): the seed of the clients' own draws (their
+    # noise, noise shares, sketch noise, batches), which the server's process never holds.
+    # null: drawn from the OS and recorded in the run's config.yaml (see raysim.seeding)
+    client_seed: int | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _budget_given(self) -> PrivacyConfig:

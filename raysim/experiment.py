@@ -11,6 +11,7 @@ import mmap
 import multiprocessing
 import os
 import pickle
+import secrets
 import shutil
 import sys
 from collections.abc import Callable
@@ -39,6 +40,17 @@ class Prepared:
     env: Any  # None when prepared apart
     privacy_summary: dict[str, Any]  # the algorithm's, fixed once its noise is calibrated
     spec: Any  # the model's ModelSpec (Sealed when prepared apart)
+    # the seed of the clients' own draws where the server is untrusted (None: the run's seed
+    # serves them): the experimenter's, for the clients; ``cfg`` (the server's) has none
+    client_seed: int | None = None
+
+    def recorded_config(self) -> ExperimentConfig:
+        """The config as the run directory records it: with the clients' seed, so that the
+        directory's config.yaml reproduces the run."""
+        if self.client_seed is None:
+            return self.cfg
+        privacy = self.cfg.privacy.model_copy(update={"client_seed": self.client_seed})
+        return self.cfg.model_copy(update={"privacy": privacy})
 
     @property
     def truth(self) -> np.ndarray:
@@ -77,9 +89,15 @@ def build_dataset(cfg: ExperimentConfig) -> FederatedDataset:
 
 
 def prepare(cfg: ExperimentConfig, algorithm_cls: Callable[[Any], Any], env_cls: Any) -> Prepared:
-    """Build data, model initialisation and the algorithm (which calibrates its noise)."""
+    """Build data, model initialisation and the algorithm (which calibrates its noise). The
+    clients' seed is taken out of the config first: the algorithm, whose server step is the
+    server's code, never sees it."""
     if cfg.runtime.forks_workers:  # before any torch operation
         zygote.fork_planned()
+    given = cfg.privacy.client_seed
+    if given is not None:
+        privacy = cfg.privacy.model_copy(update={"client_seed": None})
+        cfg = cfg.model_copy(update={"privacy": privacy})
     ds = build_dataset(cfg)
     check_against_data(cfg, ds)
     oracle = getattr(algorithm_cls, "uses_ground_truth", False)
@@ -97,7 +115,23 @@ def prepare(cfg: ExperimentConfig, algorithm_cls: Callable[[Any], Any], env_cls:
         raise ConfigError(str(exc)) from None
     from raysim.models import model_spec
 
-    return Prepared(cfg, ds, algorithm, env, algorithm.privacy_summary(), model_spec(cfg))
+    summary = algorithm.privacy_summary()
+    seed = client_seed(cfg, summary.get("trusted_server", False), given)
+    return Prepared(cfg, ds, algorithm, env, summary, model_spec(cfg), seed)
+
+
+def client_seed(cfg: ExperimentConfig, trusted_server: bool, given: int | None) -> int | None:
+    """The clients' seed of a run whose server is untrusted: ``privacy.client_seed``, or 128
+    bits from the OS. A seed derived from the run's would let the server, which holds the
+    run's, regenerate every client's noise and take it off what they released."""
+    if trusted_server:
+        if given is not None:
+            raise ConfigError(
+                "privacy.client_seed: only for a mode whose server is untrusted (distributed, "
+                f"dprivacy); under mode {cfg.privacy.mode!r} the run's seed serves the clients"
+            )
+        return None
+    return given if given is not None else secrets.randbits(128)
 
 
 def prepare_apart(
@@ -239,7 +273,7 @@ def run_prepared(
 
     stage = rundir.begin(
         out_dir,
-        dump_config(prep.cfg),
+        dump_config(prep.recorded_config()),
         prep.cfg.rounds,
         overwrite,
         resume=resume is not None if resuming is None else resuming,

@@ -32,6 +32,7 @@ from raysim.metrics.evaluation import (
     grouping_metrics,
     round_metrics,
 )
+from raysim.modes.secure import secure_noise_rng
 from raysim.privacy.metric_ledger import MetricLedger
 from raysim.protocol import ClientTask, EvalReport, RoundPlan
 from raysim.seeding import SERVER, numpy_rng
@@ -95,8 +96,13 @@ class RoundLoop:
         algorithm: Any,
         true_clusters: np.ndarray,
         execute: Execute,
+        client_seed: int | None = None,
     ) -> None:
+        """``client_seed``: the clients' seed, where an untrusted server's clients run in this
+        process (the library's inline loop): the secure sums' noise is drawn from it here.
+        Elsewhere the sums come from the clients' side (``secure_sums``)."""
         self.cfg, self.algorithm, self.execute = cfg, algorithm, execute
+        self.client_seed = client_seed
         self.true_clusters = np.asarray(true_clusters)
         self.round = 0
         self.state = algorithm.init_state(numpy_rng(cfg.seed, 0, SERVER, "init"))
@@ -147,14 +153,19 @@ class RoundLoop:
         for rep in reports:
             if rep.state is not None:
                 self.client_states[rep.client_id] = rep.state
-        secure_rng = numpy_rng(seed, r, SERVER, "secure")
+        secure_rng = None
+        if self.secure_sums is None:  # summed here: the clients' noise, from their seed
+            own = self.client_seed is not None
+            secure_rng = secure_noise_rng(self.client_seed if own else seed, r)
         view = algo.privacy.admit(algo.name, plan, reports, secure_rng, secure=self.secure_sums)
-        result = algo.server_step(self.state, plan, view, numpy_rng(seed, r, SERVER, "server"))
-        for charge in algo.privacy.charges(r, reports):
-            self.ledger.charge(r, charge.clients, charge.mechanism, charge.event, charge.params)
-        self.ledger.check_budget()  # never continue past the budget
+        # the clients' releases are charged before the server step gets the view: one over the
+        # budget never reaches the server's code (the ledger refuses, charging nothing, and the
+        # run stops); the server's own releases after the step that made them
+        self._charge(r, algo.privacy.charges(r, reports))
         for rep, leak in algo.privacy.leakages(reports):
             self.metric_ledger.record(rep.client_id, r, leak.dim, leak.nu, rep.cluster)
+        result = algo.server_step(self.state, plan, view, numpy_rng(seed, r, SERVER, "server"))
+        self._charge(r, algo.privacy.server_charges(r))
         self.state = result.state
         row: dict[str, Any] = {"round": r, "participants": len(reports), **result.metrics}
         if skipped:
@@ -177,6 +188,11 @@ class RoundLoop:
         row["round_seconds"] = time.perf_counter() - start
         self.history.append(row)
         return row
+
+    def _charge(self, round: int, charges: list[Any]) -> None:
+        for c in charges:
+            self.ledger.charge(round, c.clients, c.mechanism, c.event, c.params)
+        self.ledger.check_budget()  # never continue past the budget
 
     def _load_accountant_meanwhile(self) -> None:
         """The ledger's first charge loads dp_accounting: ~1.3 CPU-s (its PLD code loads

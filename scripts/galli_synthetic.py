@@ -30,13 +30,18 @@ OPTIMA = np.array([[5.0, 6.0], [4.0, -4.5]])
 
 def run(seed: int, sets: list[str]) -> dict:
     cfg = for_algorithm(load_config(CONFIG, [f"seed={seed}", "runtime.progress=false", *sets]))
+    if cfg.privacy.mode == "dprivacy":  # the clients' noise from the run's seed: the table
+        # reproduces from its seeds alone (a server knowing the seed could redraw it; none does)
+        cfg = cfg.model_copy(
+            update={"privacy": cfg.privacy.model_copy(update={"client_seed": seed})}
+        )
     prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
     loop = inline_loop(prep)
     released: list[tuple[int, np.ndarray]] = []  # what the server saw: (round, theta_hat)
     admit = prep.algorithm.privacy.admit
 
-    def watching(name, plan, reports, rng):
-        view = admit(name, plan, reports, rng)
+    def watching(name, plan, reports, rng, secure=None):
+        view = admit(name, plan, reports, rng, secure=secure)
         for m in view:
             if m.update is not None:
                 base = plan.models[m.cluster if m.cluster is not None else 0]

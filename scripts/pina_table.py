@@ -38,7 +38,10 @@ def job(config: str, eps: str, algorithm: str, seed: str, sets: list[str], out: 
         return f"kept {run}"
     cmd = [sys.executable, "-m", "raysim.cli", "compare", config, "--inline"]
     cmd += ["--algorithms", algorithm, "--seeds", seed, "--out", str(out / f"eps{eps}")]
-    for s in [*sets, f"privacy.epsilon={eps}"]:
+    # the clients' draws from the run's seed, so that the table reproduces from its seeds alone
+    # (a reproduction convenience: a server that knows the seed could redraw the noise; no
+    # algorithm here does)
+    for s in [f"privacy.client_seed={seed}", *sets, f"privacy.epsilon={eps}"]:
         cmd += ["--set", s]
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -26,7 +26,9 @@ from algorithms.pina import PINA
 from raysim.compare import for_algorithm, inline_loop, run_inline
 from raysim.config import load_config
 from raysim.experiment import prepare, run_prepared
-from raysim.protocol import ClientReport, SecureContribution
+from raysim.protocol import ClientReport, SecureContribution, SecureSums
+
+CLIENT_SEED = 98765432109876543210  # the clients' own: never in the server's process
 
 TINY_PINA = [
     "rounds=5",
@@ -44,6 +46,7 @@ TINY_PINA = [
     "privacy.epsilon=8",
     "privacy.clip=1",
     "privacy.noise_cohort_size=6",
+    f"privacy.client_seed={CLIENT_SEED}",  # the same clients' draws in every run compared
     "training.sampling_rate=0.75",
     "training.eval_every=5",
     "runtime.progress=false",
@@ -86,6 +89,46 @@ def what_this_process_holds(probe) -> dict[str, float]:
     return {"probe_inputs": len(inputs), "probe_report_states": len(reports), "probe_kept": kept}
 
 
+def places_holding(value: int, objects: list) -> int:
+    """How many containers, objects' attributes and seed sequences among ``objects`` hold the
+    int ``value`` (this module's globals aside: the probe's own copy, ``CLIENT_SEED``)."""
+    found = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for o in objects:
+            if o is globals():
+                continue
+            try:
+                if isinstance(o, dict):
+                    items = list(o.values())
+                elif isinstance(o, list | tuple | set | frozenset):
+                    items = list(o)
+                elif isinstance(o, np.random.SeedSequence):
+                    items = list(np.atleast_1d(o.entropy))
+                else:
+                    items = list(getattr(o, "__dict__", {}).values())
+                found += any(type(v) is int and v == value for v in items)
+            except Exception:  # an object that will not be looked into: skip it
+                continue
+    return found
+
+
+def noise_regenerated_from_the_run_seed(algorithm, plan, view) -> bool:
+    """The attack the run's seed would allow: draw the secure sum's noise as the engine did,
+    from (seed, round, server, "secure"), and take it off the member counts. Where that is the
+    real noise, every count comes back a whole number."""
+    from raysim.modes.secure import COUNT_WEIGHT
+    from raysim.seeding import SERVER, numpy_rng
+
+    p = algorithm.privacy
+    dim = int(plan.models[0].numel())
+    noise = numpy_rng(algorithm.cfg.seed, plan.round, SERVER, "secure").normal(
+        0.0, p.std, size=(len(plan.models), dim + 1)
+    )
+    counts = np.asarray(view.counts) - noise[:, dim] / (COUNT_WEIGHT * p.privacy.clip)
+    return bool(np.all(np.abs(counts - np.round(counts)) < 1e-6))
+
+
 class ProbingPINA(PINA):
     """PINA whose server step reports what its process holds and what its plan carries."""
 
@@ -99,6 +142,9 @@ class ProbingPINA(PINA):
     def server_step(self, state, plan, view, rng):
         found = what_this_process_holds(self)
         found["probe_plan_states"] = sum(t.state is not None for t in plan.tasks)
+        found["probe_client_seed"] = places_holding(CLIENT_SEED, gc.get_objects())
+        if isinstance(view, SecureSums):
+            found["probe_regenerated"] = noise_regenerated_from_the_run_seed(self, plan, view)
         result = super().server_step(state, plan, view, rng)
         result.metrics.update({k: float(v) for k, v in found.items()})
         return result
@@ -144,6 +190,14 @@ def test_without_ray_the_clients_run_in_a_child_process():
     for row in res["history"]:
         for col in ("probe_inputs", "probe_report_states", "probe_kept", "probe_plan_states"):
             assert row[col] == 0, (col, row)
+    assert [row.get("probe_regenerated") for row in res["history"]] == [None, 0, 0, 0, 0]
+
+
+def test_the_clients_seed_is_what_keeps_the_noise_from_the_server():
+    """With the clients' seed set to the run's (which the server holds), the probe's attack
+    takes the secure sums' noise off exactly: the check the runs above pass can fail."""
+    rows = run_inline(_prep("privacy.client_seed=0"))["history"]
+    assert [row.get("probe_regenerated") for row in rows] == [None, 1, 1, 1, 1]
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +211,10 @@ def test_on_ray_the_servers_process_holds_no_client_input_or_state(on_ray):
     df = _metrics(on_ray / "two")
     for col in ("probe_inputs", "probe_report_states", "probe_kept", "probe_plan_states"):
         assert (df[col] == 0).all(), (col, df[col].tolist())
+    # nor the clients' seed, and the run's seed does not regenerate the secure sums' noise
+    assert (df["probe_client_seed"] == 0).all(), df["probe_client_seed"].tolist()
+    regenerated = df["probe_regenerated"].dropna()
+    assert len(regenerated) == 4 and not regenerated.any()
     assert df["accuracy"].notna().iloc[-1]
 
 
@@ -237,13 +295,62 @@ def test_a_lost_clients_side_is_restarted_from_the_checkpoint(whole, tmp_path):
     assert left == []
 
 
+def test_the_clients_seed_is_drawn_recorded_and_never_the_servers():
+    from raysim.config import ConfigError
+
+    unset = [s for s in TINY_PINA if not s.startswith("privacy.client_seed")]
+    a, b = (prepare(for_algorithm(load_config(None, unset)), PINA, Environment) for _ in "ab")
+    assert a.client_seed != b.client_seed and a.client_seed.bit_length() > 64  # from the OS
+    assert a.cfg.privacy.client_seed is None  # the config the server's process gets
+    assert a.algorithm.cfg.privacy.client_seed is None
+    assert a.recorded_config().privacy.client_seed == a.client_seed  # config.yaml's
+    given = _prep(algorithm=PINA)
+    assert given.client_seed == CLIENT_SEED and given.cfg.privacy.client_seed is None
+    from algorithms import get_algorithm
+
+    sets = [*unset, "algorithm.name=fedavg", "privacy.mode=sample", "privacy.client_seed=3"]
+    trusted = for_algorithm(load_config(None, sets), quiet=True)
+    with pytest.raises(ConfigError, match="privacy.client_seed: only for a mode whose server"):
+        prepare(trusted, get_algorithm("fedavg"), Environment)
+
+
+def test_a_resumed_run_continues_with_the_clients_seed_it_drew(ray_session, tmp_path):
+    """A run that drew its clients' seed (none configured), stopped and continued from its
+    checkpoint by a run prepared afresh (as a restored Tune trial is: it draws another) ends as
+    one run with the first seed."""
+    from raysim.rundir import staging_dir
+    from raysim.runtime.checkpoint import load_checkpoint
+
+    unset = [s for s in TINY_PINA if not s.startswith("privacy.client_seed")]
+
+    def fresh(*sets):
+        return prepare(for_algorithm(load_config(None, [*unset, *sets])), PINA, Environment)
+
+    died, first = tmp_path / "died", fresh()
+
+    def die_after_round_2(row):
+        if row["round"] == 2:
+            raise DriverDied
+
+    with pytest.raises(DriverDied):
+        run_prepared(first, died, on_round=die_after_round_2)
+    again = fresh()
+    assert again.client_seed != first.client_seed
+    run_prepared(again, died, resume=load_checkpoint(staging_dir(died)), resuming=True)
+    assert again.client_seed == first.client_seed
+    assert load_config(died / "config.yaml").privacy.client_seed == first.client_seed
+    whole = tmp_path / "whole"
+    run_prepared(fresh(f"privacy.client_seed={first.client_seed}"), whole)
+    assert _metrics(died).equals(_metrics(whole))
+
+
 def test_a_client_key_is_needed_to_read_the_clients_side(ray_session):
     import ray
 
     from raysim.runtime.client_side import ClientSide, client_key
 
     key = client_key()
-    side = ray.remote(ClientSide).options(num_cpus=0).remote(key, {}, ())
+    side = ray.remote(ClientSide).options(num_cpus=0).remote(key, {}, (), True, 7)
     ray.get(side.keep.remote(key, 1, {3: "state"}, {}), timeout=RAY_TIMEOUT_S)
     assert ray.get(side.states.remote(key, [3, 4]), timeout=RAY_TIMEOUT_S) == {3: "state"}
     with pytest.raises(PermissionError):
@@ -257,7 +364,7 @@ def test_a_snapshot_is_the_states_after_its_round_even_when_the_next_round_wrote
     from raysim.runtime.client_side import ClientSide
 
     key = b"k" * 16
-    side = ClientSide(key, {}, ())
+    side = ClientSide(key, {}, (), True, 7)
     side.keep(key, 1, {0: "a1", 1: "b1"}, {})
     side.keep(key, 2, {0: "a2"}, {})  # round 2's workers wrote before round 1's snapshot came
 
@@ -276,16 +383,16 @@ def test_the_secure_sums_need_every_members_input():
     from raysim.runtime.client_side import ClientSide
 
     key = b"k" * 16
-    side = ClientSide(key, {}, ())
+    side = ClientSide(key, {}, (), True, 7)
     vec = torch.tensor([0.6, 0.0])
     side.keep(key, 1, {}, {0: SecureContribution(0, vec), 1: SecureContribution(1, vec)})
     agg = SecureAggregator(2, 2, clip=1.0, std=0.0)
-    sums = side.secure_sums(1, [0, 1], agg, np.random.default_rng(0))
+    sums = side.secure_sums(1, [0, 1], agg)
     assert torch.equal(sums.sums[0], vec) and torch.equal(sums.sums[1], vec)
     assert sums.counts == pytest.approx([1.0, 1.0])
     side.keep(key, 2, {}, {0: SecureContribution(0, vec)})
     with pytest.raises(RuntimeError, match=r"no secure input from clients \[1\]"):
-        side.secure_sums(2, [0, 1], agg, np.random.default_rng(0))
+        side.secure_sums(2, [0, 1], agg)
 
 
 def test_a_secure_sum_in_the_sketch_round_is_charged_too():

@@ -44,6 +44,7 @@ BASE = [
     "privacy.clip=1",
     "privacy.noise_cohort_size=10000",
     "privacy.population=1000000",
+    "privacy.client_seed=12345",  # the clients' draws: the same in every run compared
     "training.lr=0.05",
     "training.sampling_rate=0.5",
     "runtime.progress=false",
@@ -108,9 +109,16 @@ def test_the_server_step_sees_only_privatized_sketches_and_secure_sums():
         assert all(s.numel() == dim for s in view.sums)
         assert all(r.update is None and r.cluster is None for r in reports)
         assert all(r.contribution is not None for r in reports)
-        # the sums are not any single client's clipped vector
-        for s in view.sums:
-            assert all(not torch.allclose(s, r.contribution.vector) for r in reports)
+        # each slot's sum is its members' clipped vectors plus noise at the calibrated std
+        std = prep.algorithm.privacy.std
+        for slot, noisy in enumerate(view.sums):
+            clean = sum(
+                (r.contribution.vector.double() for r in reports if r.contribution.slot == slot),
+                torch.zeros(dim, dtype=torch.float64),
+            )
+            residual = (noisy.double() - clean).numpy()
+            assert abs(residual.mean()) < 5 * std / np.sqrt(dim)
+            assert residual.std() == pytest.approx(std, rel=0.1)
 
 
 def _sketch_round():

@@ -35,7 +35,7 @@ def test_same_seed_same_metrics_for_1_and_2_workers(ray_session, tmp_path, algor
 def test_dprivacy_same_for_1_and_2_workers(ray_session, tmp_path):
     """Untrusted-server runs keep the clients' side in its own actor: the bits still do not
     depend on the workers (distributed: tests/test_clients_apart.py)."""
-    sets = ["algorithm.name=ifca", "privacy.mode=dprivacy", "privacy.nu=5"]
+    sets = ["algorithm.name=ifca", "privacy.mode=dprivacy", "privacy.nu=5", "privacy.client_seed=7"]
     one = _run(tmp_path, "one", *sets, "runtime.num_workers=1")
     two = _run(tmp_path, "two", *sets, "runtime.num_workers=2")
     assert one.equals(two), (one, two)

@@ -39,7 +39,7 @@ def _finite(x: Any) -> Any:
 def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     cfg = prep.cfg
-    (out / "config.yaml").write_text(dump_config(cfg))
+    (out / "config.yaml").write_text(dump_config(prep.recorded_config()))
     history = results["history"]
     pq.write_table(_table(history), out / "metrics.parquet")
 

@@ -142,7 +142,13 @@ class PrivacyMode:
         return []
 
     def charges(self, round: int, reports: list[ClientReport]) -> list[Charge]:
-        """The round's charges, derived from what was released (clients' and server's)."""
+        """The charges for what the round's clients released (and a secure sum of theirs):
+        made before the server step gets any of it."""
+        return []
+
+    def server_charges(self, round: int) -> list[Charge]:
+        """The charges for what the server step itself released (``record``: client-level
+        DP's noisy sums), made after it."""
         self._server_releases.clear()
         return []
 

@@ -28,7 +28,7 @@ from raysim.modes.base import PrivacyMode, TrustBoundaryError
 from raysim.planning import CentralPlan
 from raysim.privacy import Released, clip_l2, gaussian_mechanism
 from raysim.privacy import privatize_onehot as _privatize_onehot
-from raysim.protocol import Charge, ClientReport
+from raysim.protocol import Charge
 
 ID_MECHANISMS = ("identifier_gaussian", "identifier_histogram")  # charged at plan.id_noise
 UNACCOUNTED_WARNING = (
@@ -139,9 +139,9 @@ class ClientLevel(PrivacyMode):
         return self.record(Released(noisy, "identifier_unaccounted", None, params))
 
     # -- accounting ----------------------------------------------------------------------------
-    def charges(self, round: int, reports: list[ClientReport]) -> list[Charge]:
+    def server_charges(self, round: int) -> list[Charge]:
         released = list(self._server_releases)
-        super().charges(round, reports)
+        super().server_charges(round)
         sums = {r.params["z"] for r in released if r.mechanism == "central_gaussian"}
         ids = {r.params["z"] for r in released if r.mechanism in ID_MECHANISMS}
         for r in released:

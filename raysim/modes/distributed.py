@@ -62,8 +62,8 @@ from raysim.protocol import (
 
 SKETCH_MECHANISM = "local_gaussian_sketch"
 
-# (round, members, aggregator, its rng) -> the sums, computed where the contributions are
-SecureSumsOf = Callable[[int, list[int], SecureAggregator, np.random.Generator], SecureSums]
+# (round, members, aggregator) -> the sums, computed (and noised) where the contributions are
+SecureSumsOf = Callable[[int, list[int], SecureAggregator], SecureSums]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,7 @@ class Distributed(PrivacyMode):
         self.cohort = cfg.training.sampling_rate * self.num_clients  # expected real cohort m
         self.plan = self._calibrate(needs)
         self._released = False
+        self._sketched: set[int] = set()  # the clients whose one local release is spent
 
     def _calibrate(self, needs) -> SecurePlan:
         p = self.privacy
@@ -196,22 +197,36 @@ class Distributed(PrivacyMode):
         if not np.isfinite(value).all():
             refuse(algorithm, "update", "a sketch must be finite")
 
+    def _check_sketch_plan(self, algorithm: str, round: int, reports: list[ClientReport]) -> None:
+        """The noise was calibrated for one sketch per client, in the declared round: any other
+        is refused before the server gets it."""
+        senders = [r.client_id for r in reports if r.update is not None]
+        if senders and round != self.needs.local_round:
+            why = f"a sketch is released in round {self.needs.local_round} only (this is {round})"
+            refuse(algorithm, "update", why)
+        again = sorted(self._sketched.intersection(senders))
+        if again or len(set(senders)) < len(senders):
+            refuse(algorithm, "update", f"a client releases one sketch in a run ({again[:5]})")
+        self._sketched.update(senders)
+
     def admit(
         self,
         algorithm: str,
         plan: RoundPlan,
         reports: list[ClientReport],
-        rng: np.random.Generator,
+        rng: np.random.Generator | None,
         secure: SecureSumsOf | None = None,
     ) -> SecureSums | list[Message]:
         """SecureSums (with the round's released sketches beside them). A round planned without
         a secure sum (``plan.info["secure_sum"] = False``: PINA's sketch round, local training)
         releases none and is charged none: the server gets only the released sketches.
-        Contributions handed to the clients' side (``deposited``, on Ray) are summed there, by
-        ``secure``; the others (one-process runs) here."""
+        Contributions handed to the clients' side (``deposited``) are summed there, by
+        ``secure``, with noise drawn there; the others (the library's in-process loop) here,
+        with noise from ``rng`` (the clients' seed's)."""
         tasks = {t.client_id: t for t in plan.tasks}
         for rep in reports:
             self.check(algorithm, rep, tasks.get(rep.client_id))
+        self._check_sketch_plan(algorithm, plan.round, reports)
         sketches = [
             Message(r.client_id, torch.as_tensor(np.asarray(r.update.value)))
             for r in reports
@@ -232,15 +247,16 @@ class Distributed(PrivacyMode):
             if secure is None or contributions:
                 why = "handed to the clients' side, where this run sums none"
                 refuse(algorithm, "contribution", why)
-            sums = secure(plan.round, deposited, agg, rng)
+            sums = secure(plan.round, deposited, agg)
         else:
+            if rng is None:
+                raise ValueError("secure sums in this process need the secure noise's generator")
             sums = agg.aggregate(contributions, rng)
         sums.released = sketches
         return sums
 
     # -- accounting ----------------------------------------------------------------------------
     def charges(self, round: int, reports: list[ClientReport]) -> list[Charge]:
-        super().charges(round, reports)
         released, self._released = self._released, False
         out = [self.secure_charge()] if released else []  # whatever the round's plan said
         return out + group_releases(client_releases(reports))

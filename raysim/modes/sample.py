@@ -67,7 +67,6 @@ class SampleLevel(PrivacyMode):
                 refuse(algorithm, "cluster", "a client's own choice must be released privately")
 
     def charges(self, round: int, reports: list[ClientReport]) -> list[Charge]:
-        super().charges(round, reports)
         return group_releases(client_releases(reports))
 
     def planned_charges(

@@ -3,9 +3,10 @@
 Each client contributes its clipped vector to one slot (its cluster, hidden from the server) and
 a count of one in the same slot, weighted by ``COUNT_WEIGHT * clip`` so the whole contribution
 has norm at most ``clip * sqrt(1 + COUNT_WEIGHT^2)``: one Gaussian on the stacked slots covers
-sums and counts together. The noise is drawn once (the server's stream) or as per-client shares
-(each client's stream, N(0, std^2 / m) per coordinate, adding up to N(0, std^2) over a cohort of
-m); the two have the same distribution (tests/test_modes.py).
+sums and counts together. The noise is drawn once (the protocol's stream, ``secure_noise_rng``)
+or as per-client shares (each client's stream, N(0, std^2 / m) per coordinate, adding up to
+N(0, std^2) over a cohort of m); the two have the same distribution (tests/test_modes.py). Both
+streams come from the clients' seed, which the server never holds (raysim.seeding).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from raysim.privacy.distributed import noise_share, server_noise
 from raysim.protocol import SecureContribution, SecureSums
+from raysim.seeding import SERVER, numpy_rng
 
 CLIP_TOLERANCE = 1e-5  # float32 rounding of a clipped vector's norm
 
@@ -25,6 +27,11 @@ CLIP_TOLERANCE = 1e-5  # float32 rounding of a clipped vector's norm
 # 0.5% more noise; the count's own noise is then 1/COUNT_WEIGHT times larger (in members), which
 # is small next to a cohort's size under the noise-cohort convention.
 COUNT_WEIGHT = 0.1
+
+
+def secure_noise_rng(client_seed: int, round: int) -> np.random.Generator:
+    """The generator of a round's secure-sum noise (and of the top-up of too few shares)."""
+    return numpy_rng(client_seed, round, SERVER, "secure")
 
 
 def contribution_sensitivity(clip: float) -> float:

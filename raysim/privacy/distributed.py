@@ -144,5 +144,8 @@ def cohort_caveat(noise_cohort: float, cohort: float) -> str:
     return (
         f"privacy numbers assume {noise_cohort} clients per round (noise-cohort convention, "
         f"McMahan et al. 2018); this simulation ran {cohort} per round with the noise scaled by "
-        f"{cohort}/{noise_cohort}, so the epsilon holds only for a run with the full cohort"
+        f"{cohort}/{noise_cohort}, so the epsilon holds only for a run with the full cohort, "
+        "and only where who took part is hidden from the server (amplification by sampling: "
+        "e.g. the clients sample themselves); a server that picks and sees the cohort gets no "
+        "such amplification"
     )

@@ -15,21 +15,33 @@ from typing import Any
 import pyarrow.parquet as pq
 
 CHECKPOINT = "checkpoint.pkl"
-# An untrusted server's Ray run keeps the clients' states apart (runtime.client_side): its
-# checkpoint is this prefix, then the pickled pair (round loop's checkpoint, clients' states).
-# A plain checkpoint is a pickle, which starts with 0x80.
-CLIENTS_APART = b"raysim:clients-apart:1\n"
+# An untrusted server's run keeps the clients' part apart (runtime.client_side): its checkpoint
+# is this prefix, then the pickled triple (round loop's checkpoint, clients' states or None,
+# clients' seed). A plain checkpoint is a pickle, which starts with 0x80.
+CLIENTS_APART = b"raysim:clients-apart:2\n"
+# before the clients had a seed of their own: the pair (loop's, states); they drew from the
+# run's seed, which continues them
+CLIENTS_APART_V1 = b"raysim:clients-apart:1\n"
 
 
-def join_checkpoint(loop_blob: bytes, clients_blob: bytes) -> bytes:
-    return CLIENTS_APART + pickle.dumps((loop_blob, clients_blob))
+def join_checkpoint(loop_blob: bytes, clients_blob: bytes | None, client_seed: int) -> bytes:
+    return CLIENTS_APART + pickle.dumps((loop_blob, clients_blob, client_seed))
 
 
-def split_checkpoint(blob: bytes | None) -> tuple[bytes | None, bytes | None]:
-    """(the round loop's checkpoint, the clients' states or None) of a checkpoint."""
-    if blob is None or not blob.startswith(CLIENTS_APART):
-        return blob, None
-    return pickle.loads(blob[len(CLIENTS_APART) :])
+def split_checkpoint(blob: bytes | None) -> tuple[bytes | None, bytes | None, int | None]:
+    """(the round loop's checkpoint, the clients' states, the clients' seed) of a checkpoint;
+    None for what it does not hold (the seed: the run's serves)."""
+    if blob is not None and blob.startswith(CLIENTS_APART):
+        return pickle.loads(blob[len(CLIENTS_APART) :])
+    if blob is not None and blob.startswith(CLIENTS_APART_V1):
+        return (*pickle.loads(blob[len(CLIENTS_APART_V1) :]), None)
+    return blob, None, None
+
+
+def clients_seed_of(blob: bytes, run_seed: int) -> int:
+    """The clients' seed a run from ``blob`` continues with (an untrusted server's run)."""
+    seed = split_checkpoint(blob)[2]
+    return run_seed if seed is None else seed
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

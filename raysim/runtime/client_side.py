@@ -9,15 +9,18 @@ clients' devices and the secure-aggregation protocol they submit to:
 * the workers fetch the states of a piece's clients before running it and hand back the new
   states and the contributions after (``states``, ``keep``), presenting the run's client key;
 * the server may only ask for the noisy per-slot sums of the members it names
-  (``secure_sums``), and for a new worker in place of a lost one (``new_worker``: the worker is
-  built here, with the key, so the key never passes through the server);
+  (``secure_sums``: their noise drawn here, from the clients' seed), and for a new worker in
+  place of a lost one (``new_worker``: the worker is built here, with the key and the clients'
+  seed, so neither passes through the server);
 * the driver (the experimenter, not the server) saves and restores the states with each
   checkpoint (``snapshot``, ``restore``), with the key.
 
 The key (``client_key``) is drawn from the OS, not from the run's seed: it decides no result
 (it only gates who may read), and a key the server could derive from the seed would gate
-nothing. Nothing of the server's process holds it: the driver gives it to this actor and to the
-workers it starts.
+nothing. For the same reason the clients draw their noise from the clients' seed
+(``privacy.client_seed``, raysim.seeding), not from the run's, which the server holds. Nothing
+of the server's process holds either: the driver gives them to this actor and to the workers it
+starts.
 
 States are kept per round written, so a snapshot asked for after round r returns the states as
 they were after round r even when round r + 1's workers have already handed back new ones (the
@@ -47,11 +50,14 @@ class ClientSide:
         key: bytes,
         worker_options: dict[str, Any],
         worker_args: tuple,
-        snapshots: bool = True,
+        snapshots: bool,
+        client_seed: int,
     ) -> None:
         """``snapshots``: the driver will ask for snapshots (checkpoints are on); without them
-        only each client's newest state is kept."""
+        only each client's newest state is kept. ``client_seed``: the clients' seed (the secure
+        sums' noise is drawn from it)."""
         self._key = key
+        self._seed = client_seed
         self._worker = (worker_options, worker_args)
         self._snapshots = snapshots
         # client -> [(round written, state)], oldest first; the first entry is the newest one
@@ -93,7 +99,7 @@ class ClientSide:
         return before[-1:] + [v for v in versions if v[0] > self._snapshot_round]
 
     # -- the server ------------------------------------------------------------------------------
-    def secure_sums(self, round: int, members: list[int], aggregator: Any, rng: Any) -> SecureSums:
+    def secure_sums(self, round: int, members: list[int], aggregator: Any) -> SecureSums:
         """The round's noisy per-slot sums over ``members`` (in client-id order, as the
         in-process aggregator adds them); the inputs are dropped once summed."""
         deposits = self._deposits.pop(round, {})
@@ -102,6 +108,9 @@ class ClientSide:
         missing = sorted(set(members) - set(deposits))
         if missing:
             raise RuntimeError(f"round {round}: no secure input from clients {missing[:10]}")
+        from raysim.modes.secure import secure_noise_rng  # torch: not in the driver
+
+        rng = secure_noise_rng(self._seed, round)
         return aggregator.aggregate([deposits[c] for c in sorted(members)], rng)
 
     def new_worker(self, index: int) -> Any:
@@ -111,7 +120,8 @@ class ClientSide:
 
         options, args = self._worker
         me = ray.get_runtime_context().current_actor
-        return ray.remote(ClientWorker).options(**options).remote(*args, (OnRay(me), self._key))
+        side = (OnRay(me), self._key)
+        return ray.remote(ClientWorker).options(**options).remote(*args, client_side=side)
 
     # -- the driver ------------------------------------------------------------------------------
     def snapshot(self, key: bytes, round: int) -> bytes:
@@ -162,15 +172,14 @@ class ClientsProcess:
     secure sums and the clients' snapshots. Spawned, not forked: a fork would copy this
     process's heap, and a forked torch is unsafe with OpenMP threads running."""
 
-    def __init__(self, worker_args: tuple, snapshots: bool) -> None:
+    def __init__(self, worker_args: tuple, snapshots: bool, client_seed: int) -> None:
         import multiprocessing
 
         self.key = client_key()
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._process = ctx.Process(
-            target=_serve_clients, args=(child, self.key, worker_args, snapshots), daemon=True
-        )
+        args = (child, self.key, worker_args, snapshots, client_seed)
+        self._process = ctx.Process(target=_serve_clients, args=args, daemon=True)
         self._process.start()
         child.close()
         self.device = self._call("device")
@@ -185,8 +194,8 @@ class ClientsProcess:
     def run(self, kind: str, round: int, models: Any, groups: list) -> list[Any]:
         return self._call("run", kind, round, models, groups)
 
-    def secure_sums(self, round: int, members: list[int], aggregator: Any, rng: Any) -> Any:
-        return self._call("secure_sums", round, members, aggregator, rng)
+    def secure_sums(self, round: int, members: list[int], aggregator: Any) -> Any:
+        return self._call("secure_sums", round, members, aggregator)
 
     def snapshot(self, round: int) -> bytes:
         return self._call("snapshot", round)
@@ -201,7 +210,9 @@ class ClientsProcess:
         self._conn.close()
 
 
-def _serve_clients(conn: Any, key: bytes, worker_args: tuple, snapshots: bool) -> None:
+def _serve_clients(
+    conn: Any, key: bytes, worker_args: tuple, snapshots: bool, client_seed: int
+) -> None:
     import signal
 
     from raysim.runtime.worker import ClientWorker
@@ -210,8 +221,8 @@ def _serve_clients(conn: Any, key: bytes, worker_args: tuple, snapshots: bool) -
     # interrupted) and closes this one, which must not print a traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    side = ClientSide(key, {}, (), snapshots)
-    worker = ClientWorker(*worker_args, (side, key))
+    side = ClientSide(key, {}, (), snapshots, client_seed)
+    worker = ClientWorker(*worker_args, client_side=(side, key))
     ops = {
         "device": lambda: str(worker.device),
         "run": worker.run,

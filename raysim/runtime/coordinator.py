@@ -66,10 +66,15 @@ def worker_options(rt: RuntimeConfig, num_gpus_per_worker: float) -> dict[str, A
 
 
 def worker_args(
-    cfg: ExperimentConfig, algorithm: Any, data_ref: Any, num_gpus_per_worker: float, spec: Any
+    cfg: ExperimentConfig,
+    algorithm: Any,
+    data_ref: Any,
+    num_gpus_per_worker: float,
+    spec: Any,
+    client_seed: int | None = None,
 ) -> tuple[Any, ...]:
     """A ClientWorker's constructor arguments (``data_ref`` in a list: fetched in the actor),
-    without the clients' side (``ClientSide.new_worker`` and the driver add it)."""
+    without the clients' side (``ClientSide.new_worker`` and the driver add it, as keyword)."""
     rt = cfg.runtime
     return (
         algorithm,
@@ -79,6 +84,7 @@ def worker_args(
         rt.threads_per_worker,
         num_gpus_per_worker,
         rt.vectorize,
+        client_seed,
     )
 
 
@@ -151,8 +157,8 @@ class Coordinator(Renewable):
             def make_worker(i: int) -> Any:
                 return ray.get(client_side.new_worker.remote(i), timeout=timeout)
 
-            def secure_sums(round: int, members: list[int], aggregator: Any, rng: Any) -> Any:
-                ref = client_side.secure_sums.remote(round, members, aggregator, rng)
+            def secure_sums(round: int, members: list[int], aggregator: Any) -> Any:
+                ref = client_side.secure_sums.remote(round, members, aggregator)
                 return ray.get(ref, timeout=timeout)
 
             self.loop.secure_sums = secure_sums

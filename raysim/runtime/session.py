@@ -23,6 +23,7 @@ from raysim.rundir import handlers_kept
 from raysim.runtime import reuse
 from raysim.runtime.checkpoint import (
     checkpoint_due,
+    clients_seed_of,
     join_checkpoint,
     save_checkpoint,
     split_checkpoint,
@@ -96,7 +97,7 @@ def _start_workers(
     keeps them (``raysim.runtime.reuse``)."""
     rt = prep.cfg.runtime
     size = len(prep.truth) if rt.actor_per_client else rt.num_workers
-    args = worker_args(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec)
+    args = worker_args(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec, prep.client_seed)
     if clients is not None:
         args = (*args, (OnRay(clients.actor), clients.key))
     opts = worker_options(rt, gpus)
@@ -105,23 +106,25 @@ def _start_workers(
 
 class ClientsApart:
     """An untrusted server's run: the ``ClientSide`` actor (the clients' states and secure
-    inputs, out of the coordinator's process) and its key, which only the driver, that actor and
-    the workers hold. A checkpoint then carries the clients' states beside the round loop's,
-    both written by the driver."""
+    inputs, out of the coordinator's process), its key and the clients' seed, which only the
+    driver, that actor and the workers hold. A checkpoint then carries the clients' states and
+    seed beside the round loop's, all written by the driver."""
 
     def __init__(self, prep: Any, data_ref: Any, gpus: float) -> None:
-        self.key = client_key()
+        assert prep.client_seed is not None, "prepared without the clients' seed"
+        self.key, self.seed = client_key(), prep.client_seed
         rt = prep.cfg.runtime
         args = (
             worker_options(rt, gpus),
-            worker_args(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec),
+            worker_args(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec, self.seed),
         )
         opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1, "max_restarts": 0}
         if ray.util.get_current_placement_group() is None:  # beside the driver, as the server
             here = ray.get_runtime_context().get_node_id()  # is: a lost node takes neither
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=True)
         snapshots = rt.checkpoint_every > 0
-        self.actor = ray.remote(ClientSide).options(**opts).remote(self.key, *args, snapshots)
+        side = ray.remote(ClientSide).options(**opts)
+        self.actor = side.remote(self.key, *args, snapshots, self.seed)
 
     def restore(self, blob: bytes | None, round: int, timeout: float) -> None:
         ray.get(self.actor.restore.remote(self.key, blob, round), timeout=timeout)
@@ -218,6 +221,8 @@ def run_session(
         prep.dataset = None
         prep.dataset = ray.get(data_ref, timeout=timeout)
         blob = resume
+        if apart and resume is not None:  # the clients continue with their seed
+            prep.client_seed = clients_seed_of(resume, cfg.seed)
         done, rows = 0, []
         restarts = 0
         # the coordinator's next round, asked for before this one's files are written
@@ -244,7 +249,7 @@ def run_session(
                     reuse.drop_idle()  # kept actors this run has no use for free their CPUs
                     startup.setdefault("workers_ready", process_age())
                     done, rows = 0, []
-                    loop_blob, clients_blob = split_checkpoint(blob)
+                    loop_blob, clients_blob, _ = split_checkpoint(blob)
                     if loop_blob is not None:
                         ref = coordinator.restore.remote(loop_blob)
                         done, rows = ray.get(ref, timeout=timeout)
@@ -269,7 +274,8 @@ def run_session(
                 if snap is not None:
                     blob = ray.get(snap, timeout=timeout)
                 if client_snap is not None:
-                    blob = join_checkpoint(blob, ray.get(client_snap, timeout=timeout))
+                    states = ray.get(client_snap, timeout=timeout)
+                    blob = join_checkpoint(blob, states, clients.seed)
             except RayActorError as exc:
                 restarts += 1
                 if restarts > rt.max_coordinator_restarts:

@@ -41,12 +41,15 @@ class ClientWorker(Renewable):
         threads: int,
         num_gpus: float,
         vectorize: bool = True,
+        client_seed: int | None = None,
         client_side: tuple[Any, bytes] | None = None,
     ) -> None:
         """``algorithm`` and ``model_spec`` may be sealed (raysim.runtime.sealed).
-        ``client_side``: (the clients' side, the run's client key) where the server is
-        untrusted: the clients' states and secure inputs go there, never into a reply (a
-        ``ClientSide``, or its actor as ``client_side.OnRay``)."""
+        ``client_seed``: where the server is untrusted, the seed of the clients' draws (the
+        run's ``seed`` still builds the model, as the server's is built). ``client_side``: (the
+        clients' side, the run's client key) where the server is untrusted: the clients' states
+        and secure inputs go there, never into a reply (a ``ClientSide``, or its actor as
+        ``client_side.OnRay``)."""
         import torch
 
         from raysim.models import build_from_spec, init_seed
@@ -66,7 +69,7 @@ class ClientWorker(Renewable):
         model = build_from_spec(model_spec, ds.feature_shape, ds.num_classes, init_seed(seed))
         self.trainer = LocalTrainer(model, ds.task, self.device)
         self.trainer.vectorize = vectorize
-        self.seed = seed
+        self.seed = seed if client_seed is None else client_seed  # of the clients' draws
         self.client_side = client_side
 
     def run(
