@@ -152,17 +152,25 @@ def _print_results(dirs: Sequence[Path], plot_to: Path | None = None) -> None:
 def cmd_resume(args: argparse.Namespace) -> int:
     """Continue a run from its checkpoint (in OUT.incomplete), with the config it started with."""
     from raysim import rundir
-    from raysim.runtime.checkpoint import load_checkpoint
+    from raysim.runtime.checkpoint import CHECKPOINT, load_checkpoint
 
     if args.config or args.algorithms or args.out:
         raise ConfigError("--resume takes the run directory only (its config.yaml is used)")
-    target = rundir.target_of(Path(args.resume))
+    target = rundir.target_of(Path(args.resume).resolve())
     stage = rundir.staging_dir(target)
     if not stage.is_dir():
+        if not target.exists():
+            raise ConfigError(f"--resume: {str(target)!r} does not exist")
         if (target / "summary.json").is_file():
             raise ConfigError(f"run {str(target)!r} is finished: there is nothing to resume")
         if not (target / "config.yaml").is_file():
             raise ConfigError(f"run directory {str(target)!r} has no config.yaml")
+        if not any((target / f).is_file() for f in ("status.json", CHECKPOINT)):
+            raise ConfigError(
+                f"--resume: {str(target)!r} holds a config.yaml but no run raysim started (no "
+                "status.json or checkpoint): nothing to resume; start one with raysim run CONFIG"
+            )
+        load_config(target / "config.yaml", list(args.set or []))  # refused before it moves
         os.replace(target, stage)  # a run left in place by an older raysim: continue it there
     status = rundir.unfinished(stage)
     if target.exists() and not (args.overwrite or rundir.read_status(stage).get("overwrite")):
@@ -199,7 +207,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     demo = args.config is None
     named = any(item.startswith("algorithm.name=") for item in args.set or [])
     default = DEMO_ALGORITHMS if demo and not named else []
-    algorithms = args.algorithms.split(",") if args.algorithms else default
+    algorithms = [a for a in args.algorithms.split(",") if a] if args.algorithms else default
+    if args.algorithms is not None and not algorithms:
+        raise ConfigError("--algorithms: give at least one (comma-separated)")
+    if len(set(algorithms)) < len(algorithms):
+        raise ConfigError(f"--algorithms: each at most once, got {args.algorithms!r}")
 
     def build() -> list[Any]:
         """Every config, prepared: every user mistake surfaces here, before Ray starts. Apart

@@ -276,8 +276,10 @@ def machines(runs: dict[str, list[dict[str, Any]]], names: Sequence[str]) -> lis
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="raysim compare", description=__doc__.splitlines()[0])
     p.add_argument("config", help="experiment YAML")
-    p.add_argument("--algorithms", default="rdpcfl,ifca,fedavg,local")
-    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument(
+        "--algorithms", default="rdpcfl,ifca,fedavg,local", help="comma-separated (%(default)s)"
+    )
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated (%(default)s)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key")
     p.add_argument("--out", help="result directory (default: runs/compare-NAME-TIME)")
     p.add_argument("--inline", action="store_true", help="run in this process, without Ray")
@@ -303,6 +305,15 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         msg = f"--seeds: expected comma-separated integers, got {args.seeds!r}"
         raise ConfigError(msg) from None
+    for flag, values in (("--algorithms", algorithms), ("--seeds", seeds)):
+        if not values:
+            raise ConfigError(f"{flag}: give at least one (comma-separated)")
+        if len(set(values)) < len(values):
+            raise ConfigError(f"{flag}: each at most once, got {getattr(args, flag[2:])!r}")
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigError(f"--out {args.out!r} is a file, not a directory")
+    if args.report_only and not (args.out and Path(args.out).is_dir()):
+        raise ConfigError("--report-only re-reads an earlier compare: give its --out DIR")
     if args.jobs < 1 or (args.jobs > 1 and not args.inline):
         msg = f"--jobs: expected 1, or a count above 1 with --inline; got {args.jobs}"
         raise ConfigError(msg + ("" if args.inline else " without --inline"))
@@ -322,9 +333,11 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     if not args.report_only:
         # never overwrite results unasked, and refuse before anything runs
         jobs = [_job(cfg, out, args.overwrite, args.resume) for cfg in configs]
+        check_budgets([j.cfg for j in jobs if j])
         failed = run_all([j for j in jobs if j], out, args.inline, args.overwrite, args.jobs)
     runs = collect(out)
-    text = table(runs, algorithms)
+    # every run under OUT: a compare of some of its algorithms keeps the others' rows
+    text = table(runs, [*algorithms, *sorted(set(runs) - set(algorithms))])
     from raysim.rundir import find_runs
 
     unfinished = find_runs(out)[1] if out.is_dir() else []
@@ -399,6 +412,23 @@ def for_algorithm(cfg: Any, quiet: bool = False) -> Any:
     for k in drop:
         raw["algorithm"].pop(k)
     return build_config(raw)
+
+
+def check_budgets(configs: Sequence[Any]) -> None:
+    """Each algorithm's first run prepared (its data built, its noise calibrated) before any
+    run starts: a budget it cannot meet is refused now, not after the runs before it. In a
+    forked child, which keeps torch out of this process (Ray and the zygote come after)."""
+    from algorithms import Environment, get_algorithm
+    from raysim.experiment import prepare, prepare_apart
+
+    firsts = list({cfg.algorithm.name: cfg for cfg in reversed(configs)}.values())
+
+    def build() -> list:
+        for cfg in firsts:
+            prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+        return []
+
+    prepare_apart(build)
 
 
 class Job(NamedTuple):

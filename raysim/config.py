@@ -246,6 +246,13 @@ class RuntimeConfig(_Section):
         """Whether a zygote serves this runtime's workers: a local Ray, not turned off."""
         return self.fork_workers and not self.address
 
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is None or v == "auto" or v.startswith("ray://") or _host_port(v):
+            return v
+        raise ValueError(f"expected auto, ray://HOST:PORT or HOST:PORT (or null), got {v!r}")
+
     @field_validator("client_group_size")
     @classmethod
     def _group_size(cls, v: int | str) -> int | str:
@@ -425,17 +432,26 @@ def build_config(raw: dict[str, Any]) -> ExperimentConfig:
         raise ConfigError(format_validation_error(exc)) from None
 
 
+def _host_port(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit()
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
     """Read YAML (or the defaults when path is None), apply overrides, validate."""
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {str(p)!r} is a directory: give the YAML file in it")
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         try:
-            raw = yaml.safe_load(p.read_text()) or {}
+            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {str(p)!r} is not UTF-8 text: {exc}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections")
     return build_config(apply_overrides(raw, overrides or []))

@@ -122,11 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         grid.sort(key=lambda g: g[1] in ("local", "fedavg"))
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             futures = [pool.submit(job, args.config, *g, args.set, out) for g in grid]
-            for f in futures:
-                print(f.result(), flush=True)
+            lines = [f.result() for f in futures]
+            for line in lines:
+                print(line, flush=True)
     sys.path.insert(0, str(ROOT))
     print(write_table(out, eps_list, algorithms, args.config))
-    return 0
+    failed = [line for line in lines if line.startswith("FAILED")] if not args.report_only else []
+    if failed:
+        print(f"{len(failed)} run(s) failed (their logs: {out / 'logs'})", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

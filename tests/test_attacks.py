@@ -220,6 +220,21 @@ def test_attack_cli_writes_parquet_summary_and_grid(tmp_path, capsys) -> None:
     err = ((npz["reconstructions"] - npz["originals"]).astype(np.float64) ** 2).mean(axis=(1, 2, 3))
     np.testing.assert_allclose(err, df["mse"], rtol=1e-6)
     assert "results:" in capsys.readouterr().out
+    # a second attack into the same --out is refused before it runs, unless --overwrite
+    before = (out / "results.parquet").read_bytes()
+    again = ["attack", "dlg", "--images", "3", "--nu", "0", "--methods", "idlg", "--max-steps", "1"]
+    assert main([*again, "--out", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert (out / "results.parquet").read_bytes() == before
+    assert main([*again, "--out", str(out), "--overwrite"]) == 0
+    assert len(pd.read_parquet(out / "results.parquet")) == 1
+
+
+def test_attack_cli_never_writes_into_a_directory_of_other_files(tmp_path, capsys) -> None:
+    (tmp_path / "config.yaml").write_text("rounds: 2\n")  # e.g. a run directory
+    assert main(["attack", "dlg", "--out", str(tmp_path), "--overwrite"]) == 2
+    assert "other files" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
 
 
 # ---------------------------------------------------------------------------------- slow grid

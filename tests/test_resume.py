@@ -98,7 +98,18 @@ def test_killed_coordinator_restarts_from_its_checkpoint(whole, tmp_path):
 
 def test_resume_needs_a_run_directory(tmp_path, capsys):
     assert main(["run", "--resume", str(tmp_path / "nothing")]) == 2
-    assert "config.yaml" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["run", "--resume", str(tmp_path)]) == 2
+    assert "has no config.yaml" in capsys.readouterr().err
+    # a directory of the user's that happens to hold a config.yaml is refused, and not moved
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.yaml").write_text("rounds: 2\n")
+    (mine / "notes.txt").write_text("precious")
+    assert main(["run", "--resume", str(mine)]) == 2
+    assert "no run raysim started" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+    assert (mine / "notes.txt").read_text() == "precious"
 
 
 # ---------------------------------------------------------------- raysim compare, inline too
@@ -197,7 +208,7 @@ def test_interrupt_stops_every_parallel_inline_run_and_starts_no_other(tmp_path,
     sets = small_config(**{"rounds": 500, "data.samples_per_client": 40})
     out = tmp_path / "table"
     argv = [str(Path(__file__).parents[1] / "raysim" / "demo.yaml"), "--inline", "--jobs", "2"]
-    argv += ["--algorithms", "fedavg,local,ifca", "--seeds", "0,1", "--out", str(out)]
+    argv += ["--algorithms", "fedavg,local,fedprox", "--seeds", "0,1", "--out", str(out)]
     for s in sets:
         argv += ["--set", s]
     proc = subprocess.Popen(
@@ -227,4 +238,4 @@ def test_interrupt_stops_every_parallel_inline_run_and_starts_no_other(tmp_path,
     assert "Traceback" not in proc.stderr.read()
     for seed in (0, 1):
         assert unfinished(out / "fedavg" / f"seed{seed}").status == "interrupted"
-    assert not (out / "local").exists() and not (out / "ifca").exists()  # none started after
+    assert not (out / "local").exists() and not (out / "fedprox").exists()  # none started after

@@ -64,6 +64,36 @@ def test_bad_sweeps_fail_before_ray(tmp_path, space, message):
         load_sweep(_write(tmp_path, space))
 
 
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"metric": "acuracy"}, "metric 'acuracy': allowed: accuracy, loss"),
+        ({"scheduler": "hyperband"}, "scheduler 'hyperband': allowed: fifo, asha"),
+        ({"num_samples": 0}, "num_samples must be an integer >= 1"),
+        ({"num_samples": "abc"}, "num_samples must be an integer >= 1"),
+    ],
+)
+def test_bad_sweep_settings_fail_before_ray(tmp_path, extra, message):
+    with pytest.raises(ConfigError, match=message):
+        load_sweep(_write(tmp_path, {"privacy.epsilon": {"grid": [2]}}, **extra))
+
+
+def test_sweep_files_that_are_not_yaml_and_bad_flags_fail_before_ray(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("space: [unclosed\n")
+    assert main(["sweep", str(bad)]) == 2
+    assert "is not valid YAML" in capsys.readouterr().err
+    sweep = _write(tmp_path, {"privacy.epsilon": {"grid": [2]}})
+    for flags, message in (
+        (["--num-samples", "0"], "--num-samples must be >= 1"),
+        (["--max-concurrent", "-1"], "--max-concurrent must be >= 1"),
+        (["--resume"], "holds no sweep to continue"),
+    ):
+        assert main(["sweep", str(sweep), "--out", str(tmp_path / "new"), *flags]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+
 def _draws(path: Path, overrides: list[str], num_samples: int = 3) -> list[dict]:
     """The trial configs the sweep's Tune settings would run, without starting Ray."""
     import argparse
@@ -123,6 +153,11 @@ def test_tiny_sweep_runs_reports_and_resumes(ray_session, tmp_path, capsys):
     assert main(["sweep", str(sweep), "--out", str(out), "--resume"]) == 0
     again = pd.read_parquet(out / "trials.parquet")
     assert sorted(again["trial_id"]) == sorted(df["trial_id"])
+    # another sweep into the same --out is refused before Ray, and nothing there changes
+    before = (out / "trials.parquet").read_bytes()
+    assert main(["sweep", str(sweep), "--out", str(out), "--set", "training.momentum=0.5"]) == 2
+    assert "already holds a sweep" in capsys.readouterr().err
+    assert (out / "trials.parquet").read_bytes() == before
 
 
 def test_trial_bundles_reserve_the_workers(tmp_path):

@@ -32,6 +32,10 @@ from pydantic import ValidationError
 from raysim.config import ConfigError, apply_overrides, build_config, format_validation_error
 
 KINDS = ("grid", "choice", "loguniform", "uniform", "randint")
+# what every trial reports each round (tune.trainable), beside round and epsilon: a sweep's metric
+REPORTED = ("accuracy", "loss", "ari", "accuracy_min", "accuracy_disparity")
+METRICS = (*REPORTED, "epsilon")
+SCHEDULERS = ("fifo", "asha")
 TOP_KEYS = {"base", "name", "set", "metric", "mode", "num_samples", "space", "scheduler"}
 
 
@@ -83,11 +87,18 @@ def _values(key: str, spec: Any) -> list[Any]:
     return values
 
 
+def _yaml_file(path: Path, what: str) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {exc}") from None
+
+
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"sweep file {str(p)!r} does not exist")
-    raw = yaml.safe_load(p.read_text()) or {}
+    raw = _yaml_file(p, "sweep file")
     if not isinstance(raw, dict):
         raise ConfigError(f"sweep file {str(p)!r} must hold a mapping")
     unknown = set(raw) - TOP_KEYS
@@ -100,7 +111,9 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
         base_path = (p.parent / raw["base"]).resolve()
         if not base_path.is_file():
             raise ConfigError(f"sweep base config {str(base_path)!r} does not exist")
-        base = yaml.safe_load(base_path.read_text()) or {}
+        base = _yaml_file(base_path, "sweep base config")
+        if not isinstance(base, dict):
+            raise ConfigError(f"sweep base config {str(base_path)!r} must hold a mapping")
     sets = list(raw.get("set") or []) + list(overrides or [])
     base = apply_overrides(base, sets)
     build_config(yaml.safe_load(yaml.safe_dump(base)))  # the base alone must be valid
@@ -130,13 +143,23 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
     mode = raw.get("mode", "max")
     if mode not in ("max", "min"):
         raise ConfigError(f"sweep file: mode must be max or min, got {mode!r}")
+    metric = str(raw.get("metric", "accuracy"))
+    if metric not in METRICS:
+        raise ConfigError(f"sweep file: metric {metric!r}: allowed: {', '.join(METRICS)}")
+    scheduler = raw.get("scheduler")
+    if scheduler is not None and scheduler not in SCHEDULERS:
+        allowed = ", ".join(SCHEDULERS)
+        raise ConfigError(f"sweep file: scheduler {scheduler!r}: allowed: {allowed}")
+    num_samples = raw.get("num_samples", 1)
+    if type(num_samples) is not int or num_samples < 1:
+        raise ConfigError(f"sweep file: num_samples must be an integer >= 1, got {num_samples!r}")
     return Sweep(
         name=str(raw.get("name") or p.stem),
         base=base,
         space=space,
-        metric=str(raw.get("metric", "accuracy")),
+        metric=metric,
         mode=mode,
-        num_samples=int(raw.get("num_samples", 1)),
-        scheduler=raw.get("scheduler"),
+        num_samples=num_samples,
+        scheduler=scheduler,
         overrides=sets,
     )

@@ -32,6 +32,7 @@ def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
     sp.add_argument("--out", help="sweep directory (default: runs/sweep-NAME)")
     sp.add_argument("--resume", action="store_true", help="continue the sweep in --out")
     sp.add_argument("--max-concurrent", type=int, help="trials at once (default: what fits)")
+    sp.add_argument("--overwrite", action="store_true", help="replace the sweep already in --out")
     sp.set_defaults(func=sweep_main)
     return sp
 
@@ -177,11 +178,42 @@ def _unfinished_trials(grid: Any) -> int:
     return sum(t.status not in ("TERMINATED", "ERROR") for t in trials)
 
 
+def check_out(out: Path, args: argparse.Namespace) -> None:
+    """The flags, and --out against what it holds, before Ray: a sweep goes into a directory of
+    its own, continues only one that is there, and replaces one only with --overwrite."""
+    for flag in ("num_samples", "max_concurrent"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the sweep in --out; --overwrite replaces it")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} exists and is not a directory")
+    held = out.is_dir() and any(out.iterdir())
+    swept = (out / TUNE_DIR).is_dir()
+    if args.resume and not swept:
+        raise ConfigError(f"--resume: {str(out)!r} holds no sweep to continue")
+    if held and not swept:
+        raise ConfigError(f"--out {str(out)!r} holds other files, not a sweep: choose another")
+    if swept and not (args.resume or args.overwrite):
+        raise ConfigError(
+            f"--out {str(out)!r} already holds a sweep: --resume continues it, --overwrite "
+            "replaces it, or choose another --out"
+        )
+    if swept and args.overwrite:  # the new sweep's trials must not mix with the old ones'
+        import shutil
+
+        shutil.rmtree(out / TUNE_DIR)
+        for old in ("trials.parquet", "privacy_utility.png", *(p.name for p in out.glob("knob_*"))):
+            (out / old).unlink(missing_ok=True)
+
+
 def sweep_main(args: argparse.Namespace) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     sweep = load_sweep(args.sweep, list(args.set or []))  # user mistakes fail before Ray
     out = Path(args.out or Path("runs") / f"sweep-{sweep.name}").resolve()
+    check_out(out, args)
     from raysim.runtime import zygote
 
     runtime = trial_config(sweep.base, {}).runtime

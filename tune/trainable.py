@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from raysim.runtime.checkpoint import CHECKPOINT
-from tune.space import trial_config
+from tune.space import REPORTED, trial_config
 
 TRIAL_BUNDLE = {"CPU": 0.01}
-REPORTED = ("accuracy", "loss", "ari", "accuracy_min", "accuracy_disparity")
 
 
 def placement(base: dict[str, Any]):

@@ -63,16 +63,17 @@ def cmd_attack_dlg(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
-    try:
-        images, labels = load_test_images(indices, args.data_root)
-    except DataNotFoundError as exc:
-        raise ConfigError(str(exc)) from exc
-    jobs = make_jobs(targets, methods, nus, images, labels, indices, args.seed, args.max_steps)
     out = (
         Path(args.out)
         if args.out
         else Path("runs") / f"attack-dlg-{time.strftime('%Y%m%d-%H%M%S')}"
     )
+    check_out(out, args.overwrite)
+    try:
+        images, labels = load_test_images(indices, args.data_root)
+    except DataNotFoundError as exc:
+        raise ConfigError(str(exc)) from exc
+    jobs = make_jobs(targets, methods, nus, images, labels, indices, args.seed, args.max_steps)
 
     def progress(row: dict) -> None:
         print(
@@ -90,6 +91,22 @@ def cmd_attack_dlg(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refused before the grid runs: an --out that is a file, holds anything but an attack's
+    results, or holds an attack's results without --overwrite."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} exists and is not a directory")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / "results.parquet").is_file():
+        raise ConfigError(f"--out {str(out)!r} holds other files, not an attack's: choose another")
+    if not overwrite:
+        raise ConfigError(
+            f"--out {str(out)!r} already holds an attack's results: pass --overwrite to replace "
+            "them, or choose another --out"
+        )
+
+
 def add_attack_parser(sub: argparse._SubParsersAction) -> None:
     attack = sub.add_parser("attack", help="gradient-inversion attacks on one client's gradient")
     asub = attack.add_subparsers(dest="attack_command", required=True)
@@ -103,4 +120,5 @@ def add_attack_parser(sub: argparse._SubParsersAction) -> None:
     dlg.add_argument("--workers", type=int, default=1, help="processes (one thread each)")
     dlg.add_argument("--data-root", help="directory with the Fashion-MNIST IDX files")
     dlg.add_argument("--out", help="result directory (default: runs/attack-dlg-TIME)")
+    dlg.add_argument("--overwrite", action="store_true", help="replace the results in --out")
     dlg.set_defaults(func=cmd_attack_dlg)
