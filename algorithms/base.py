@@ -1,6 +1,6 @@
-"""The algorithm protocol (DESIGN.md, "Algorithms"): plan a round, run a client step, run a server
-step, evaluate. Algorithms are plain Python: they never import Ray, and the engine never imports
-them; the runtime calls these methods wherever it places the work.
+"""The algorithm protocol (docs/architecture.md, "Adding an algorithm"): plan a round, run a
+client step, run a server step, evaluate. Algorithms are plain Python: they never import Ray,
+and the engine never imports them; the runtime calls these methods wherever it places the work.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """KM-CDPFL: clustering by k-means on the clients' model updates in every round (the gradient
-clustering of Werner et al. 2023, Alg. 1, with DP-SGD clients; paper 002, B.4).
+clustering of Werner et al. 2023, Alg. 1, with DP-SGD clients; the R-DPCFL paper's appendix B.4).
 
 Updates are only comparable when computed from the same model, so in every round each client
 trains every one of the M cluster models (M DP-SGD runs, all charged: the noise is calibrated

@@ -1,4 +1,5 @@
-"""R-DPCFL (paper 000, Algorithm 1): robust sample-level DP clustered FL in three stages.
+"""R-DPCFL (Malekmohammadi et al., Differentially Private Clustered FL, Algorithm 1): robust
+sample-level DP clustered FL in three stages.
 
 1. Round 1: every client runs DP-SGD from the initial model with a full batch (b1 = N_i, one
    step per local epoch; the trainer accumulates physical chunks so memory stays bounded). The

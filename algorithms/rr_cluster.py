@@ -1,5 +1,6 @@
-"""RR-Cluster (paper 001, Algorithms 1-2): client-level DP federated clustering with random
-rebalancing, as a plug-in over a base clustering algorithm (``algorithm.base``).
+"""RR-Cluster (DP Federated Clustering with Random Rebalancing, Algorithms 1-2): client-level DP
+federated clustering with random rebalancing, as a plug-in over a base clustering algorithm
+(``algorithm.base``).
 
 One round (trusted server, client-level central DP, fixed-size cohort of q*M clients):
 the base decides each sampled client's cluster on the client (IFCA: lowest train loss; FeSEM:

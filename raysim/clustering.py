@@ -3,7 +3,7 @@ scores (MSS / MPO), the E_c switching rule, soft assignment sampling, the choice
 k-means for KM-CDPFL.
 
 Pure numpy / scikit-learn: the server runs these on DP model updates (post-processing, so they
-cost no privacy). Definitions (paper 000, sections 4.2-4.3; appendix 002, B.5 and F.2), and
+cost no privacy). Definitions (the R-DPCFL paper, sections 4.2-4.3; its appendix, B.5 and F.2), and
 where the implementation had to decide what the paper leaves open:
 
 - The GMM is spherical with k-means++ initialisation (B.5). Its components share one variance

@@ -1,4 +1,4 @@
-"""The data that flows between the engine and an algorithm (see DESIGN.md, "One round").
+"""The data that flows between the engine and an algorithm (docs/architecture.md, "One round").
 
 The engine (runtime) moves these objects around; algorithms create and consume them. They are
 plain dataclasses so an algorithm can be unit-tested without Ray.

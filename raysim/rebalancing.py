@@ -1,4 +1,4 @@
-"""Random rebalancing of RR-Cluster (paper 001, Algorithm 1 lines 8-9, Algorithm 2 lines 10-12).
+"""Random rebalancing of RR-Cluster (its paper's Algorithm 1 lines 8-9, Algorithm 2 lines 10-12).
 
 After the server has assigned the round's updates to clusters (from privatized identifiers),
 updates are moved uniformly at random out of clusters larger than B into the smaller ones until

@@ -1,4 +1,4 @@
-"""RR-Cluster's table (issue 12): identifier mode x B x eps x setup x seed, in-process, in parallel.
+"""RR-Cluster's table: identifier mode x B x eps x setup x seed, in-process, in parallel.
 
     python scripts/rr_table.py --out runs/rr-table [--jobs 16] [--seeds 0,1,2] [--rounds 30]
         [--setups balanced,imbalanced] [--eps 4,8] [--B 0,8,12]

@@ -59,3 +59,27 @@ def test_walkthrough_algorithm_runs_through_the_cli(tmp_path, monkeypatch):
     assert 0 < summary["epsilon"] <= 4.0 + 1e-9  # the noisy sums were charged
     assert summary["final_accuracy"] > 0.1
     sys.modules.pop("walkthrough_algo", None)
+
+
+def test_what_users_read_points_nowhere_outside_the_repository():
+    """README, docs, configs, sweeps, scripts and the package's text name no file the
+    repository does not hold (the developers' notes, the papers' local copies) and no issue
+    number of the project's tracker: a user has neither."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(
+        r"\.\./shared|DESIGN\.md|FIELD-NOTES|\bpaper 00\d|\bappendix 00\d|\bissues? \d+",
+        re.IGNORECASE,
+    )
+    files = [root / "README.md", *(root / "docs").glob("*.md")]
+    for folder, ext in (("configs", "yaml"), ("tune", "yaml"), ("scripts", "py"), ("raysim", "py")):
+        files += (root / folder).rglob(f"*.{ext}")
+    files += (root / "algorithms").glob("*.py")
+    found = [
+        f"{f.relative_to(root)}:{n}: {line.strip()}"
+        for f in files
+        for n, line in enumerate(f.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, "\n".join(found)

@@ -337,7 +337,7 @@ def test_client_noise_shares_and_a_server_draw_have_the_same_std(members):
 
 
 def test_distributed_calibration_and_noise_cohort_scaling():
-    """z from dp_accounting for q = noise_cohort / population (the PINA issue's numbers), and the
+    """z from dp_accounting for q = noise_cohort / population (the PINA setup's numbers), and the
     real cohort's noise std scaled by m / noise_cohort."""
     sets = [
         "algorithm.name=fedavg",

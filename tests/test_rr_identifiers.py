@@ -1,4 +1,4 @@
-"""RR-Cluster's identifiers (issue 12): the conditioned 2*C_theta model sensitivity, the keep
+"""RR-Cluster's identifiers: the conditioned 2*C_theta model sensitivity, the keep
 probability of a noisy argmax, the three identifier modes through the client mode's releases,
 and the per-round diagnostics in metrics.parquet, summary.json and `raysim privacy`."""
 

@@ -1,4 +1,4 @@
-"""The two-layer CNN of Table 2 (paper 002, appendix B.2), sized from the input shape."""
+"""The two-layer CNN of Table 2 (the R-DPCFL paper's appendix B.2), sized from the input shape."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ class BasicBlock(nn.Module):
 class ResNet18GN(nn.Module):
     """ResNet-18 (GroupNorm). ``stem="cifar"``: 3x3 conv, no max-pool (11,173,962 params on
     3x32x32, 10 classes); ``stem="imagenet"``: torchvision's 7x7/2 conv + max-pool, which is the
-    11,181,642-parameter model counted in paper 002's Table 3."""
+    11,181,642-parameter model counted in the R-DPCFL appendix's Table 3."""
 
     def __init__(
         self,

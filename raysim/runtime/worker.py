@@ -2,7 +2,7 @@
 
 It holds the federated dataset (zero-copy from the object store) and one resident model; per
 client it only loads weights in place. One call carries a whole shard of clients, the pattern
-measured fastest here (FIELD-NOTES.md: one call per actor with its list of clients).
+measured fastest here (one call per actor with its list of clients; docs/speed.md).
 """
 
 from __future__ import annotations
