@@ -71,8 +71,8 @@ def cmd_attack_dlg(args: argparse.Namespace) -> int:
     check_out(out, args.overwrite)
     try:
         images, labels = load_test_images(indices, args.data_root)
-    except DataNotFoundError as exc:
-        raise ConfigError(str(exc)) from exc
+    except DataNotFoundError as exc:  # its hint names the config key; here it is a flag
+        raise ConfigError(str(exc).replace("data.root=DIR", "--data-root DIR")) from exc
     jobs = make_jobs(targets, methods, nus, images, labels, indices, args.seed, args.max_steps)
 
     def progress(row: dict) -> None:
