@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from raysim.config import ConfigError, changed_keys, load_config
+from raysim.config import ConfigError, changed_keys, load_config, with_client_seed
 
 # (column, metric in summary.json "final", scale)
 ACCURACY_COLUMNS = (
@@ -380,8 +380,7 @@ def _job(cfg: Any, out: Path, overwrite: bool, resume: bool) -> Job | None:
         return Job(cfg, False)
     saved = load_config(stage / "config.yaml") if (stage / "config.yaml").is_file() else None
     if saved is not None and cfg.privacy.client_seed is None:  # the one it drew and recorded
-        privacy = cfg.privacy.model_copy(update={"client_seed": saved.privacy.client_seed})
-        cfg = cfg.model_copy(update={"privacy": privacy})
+        cfg = with_client_seed(cfg, saved.privacy.client_seed)
     changed = changed_keys(dump_config(saved), dump_config(cfg)) if saved else []
     if changed:
         raise ConfigError(

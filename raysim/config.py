@@ -441,20 +441,32 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     """Read YAML (or the defaults when path is None), apply overrides, validate."""
     raw: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        if p.is_dir():
-            raise ConfigError(f"config file {str(p)!r} is a directory: give the YAML file in it")
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
-        try:
-            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"config file {str(p)!r} is not UTF-8 text: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections")
+        raw = read_yaml_mapping(Path(path), "config file", "of sections")
     return build_config(apply_overrides(raw, overrides or []))
+
+
+def read_yaml_mapping(path: Path, what: str, holding: str = "") -> dict[str, Any]:
+    """The mapping a YAML file holds; ConfigError naming ``what`` and the path otherwise (a
+    directory, a missing file, not UTF-8, not YAML, not a mapping)."""
+    if path.is_dir():
+        raise ConfigError(f"{what} {str(path)!r} is a directory: give the YAML file in it")
+    if not path.is_file():
+        raise ConfigError(f"{what} {str(path)!r} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {str(path)!r} is not UTF-8 text: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{what} {str(path)!r} must hold a mapping {holding}".rstrip())
+    return raw
+
+
+def with_client_seed(cfg: ExperimentConfig, seed: int | None) -> ExperimentConfig:
+    """``cfg`` with ``privacy.client_seed`` set (None: taken out)."""
+    privacy = cfg.privacy.model_copy(update={"client_seed": seed})
+    return cfg.model_copy(update={"privacy": privacy})
 
 
 def dump_config(cfg: ExperimentConfig) -> str:

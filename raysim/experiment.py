@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raysim import privacy as privacy_lib
-from raysim.config import ConfigError, ExperimentConfig
+from raysim.config import ConfigError, ExperimentConfig, with_client_seed
 from raysim.data import FederatedDataset, build_federated_dataset
 from raysim.privacy import BudgetError, PrivacyConfigError
 from raysim.runtime import zygote
@@ -47,10 +47,9 @@ class Prepared:
     def recorded_config(self) -> ExperimentConfig:
         """The config as the run directory records it: with the clients' seed, so that the
         directory's config.yaml reproduces the run."""
-        if self.client_seed is None:
-            return self.cfg
-        privacy = self.cfg.privacy.model_copy(update={"client_seed": self.client_seed})
-        return self.cfg.model_copy(update={"privacy": privacy})
+        return (
+            self.cfg if self.client_seed is None else with_client_seed(self.cfg, self.client_seed)
+        )
 
     @property
     def truth(self) -> np.ndarray:
@@ -94,10 +93,7 @@ def prepare(cfg: ExperimentConfig, algorithm_cls: Callable[[Any], Any], env_cls:
     server's code, never sees it."""
     if cfg.runtime.forks_workers:  # before any torch operation
         zygote.fork_planned()
-    given = cfg.privacy.client_seed
-    if given is not None:
-        privacy = cfg.privacy.model_copy(update={"client_seed": None})
-        cfg = cfg.model_copy(update={"privacy": privacy})
+    given, cfg = cfg.privacy.client_seed, with_client_seed(cfg, None)
     ds = build_dataset(cfg)
     check_against_data(cfg, ds)
     oracle = getattr(algorithm_cls, "uses_ground_truth", False)

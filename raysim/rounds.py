@@ -153,10 +153,9 @@ class RoundLoop:
         for rep in reports:
             if rep.state is not None:
                 self.client_states[rep.client_id] = rep.state
-        secure_rng = None
-        if self.secure_sums is None:  # summed here: the clients' noise, from their seed
-            own = self.client_seed is not None
-            secure_rng = secure_noise_rng(self.client_seed if own else seed, r)
+        secure_rng = None  # summed here (the library's loop): the clients' noise, from their seed
+        if self.secure_sums is None and self.client_seed is not None:
+            secure_rng = secure_noise_rng(self.client_seed, r)
         view = algo.privacy.admit(algo.name, plan, reports, secure_rng, secure=self.secure_sums)
         # the clients' releases are charged before the server step gets the view: one over the
         # budget never reaches the server's code (the ledger refuses, charging nothing, and the

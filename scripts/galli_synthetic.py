@@ -20,7 +20,7 @@ import numpy as np
 
 from algorithms import Environment, get_algorithm
 from raysim.compare import for_algorithm, inline_loop
-from raysim.config import load_config
+from raysim.config import load_config, with_client_seed
 from raysim.experiment import prepare
 from raysim.metrics.leakage import plot_max_leakage
 
@@ -32,9 +32,7 @@ def run(seed: int, sets: list[str]) -> dict:
     cfg = for_algorithm(load_config(CONFIG, [f"seed={seed}", "runtime.progress=false", *sets]))
     if cfg.privacy.mode == "dprivacy":  # the clients' noise from the run's seed: the table
         # reproduces from its seeds alone (a server knowing the seed could redraw it; none does)
-        cfg = cfg.model_copy(
-            update={"privacy": cfg.privacy.model_copy(update={"client_seed": seed})}
-        )
+        cfg = with_client_seed(cfg, seed)
     prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
     loop = inline_loop(prep)
     released: list[tuple[int, np.ndarray]] = []  # what the server saw: (round, theta_hat)

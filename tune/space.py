@@ -29,7 +29,13 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from raysim.config import ConfigError, apply_overrides, build_config, format_validation_error
+from raysim.config import (
+    ConfigError,
+    apply_overrides,
+    build_config,
+    format_validation_error,
+    read_yaml_mapping,
+)
 
 KINDS = ("grid", "choice", "loguniform", "uniform", "randint")
 # what every trial reports each round (tune.trainable), beside round and epsilon: a sweep's metric
@@ -87,20 +93,9 @@ def _values(key: str, spec: Any) -> list[Any]:
     return values
 
 
-def _yaml_file(path: Path, what: str) -> Any:
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {exc}") from None
-
-
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"sweep file {str(p)!r} does not exist")
-    raw = _yaml_file(p, "sweep file")
-    if not isinstance(raw, dict):
-        raise ConfigError(f"sweep file {str(p)!r} must hold a mapping")
+    raw = read_yaml_mapping(p, "sweep file")
     unknown = set(raw) - TOP_KEYS
     if unknown:
         raise ConfigError(
@@ -108,12 +103,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
         )
     base: dict[str, Any] = {}
     if raw.get("base"):
-        base_path = (p.parent / raw["base"]).resolve()
-        if not base_path.is_file():
-            raise ConfigError(f"sweep base config {str(base_path)!r} does not exist")
-        base = _yaml_file(base_path, "sweep base config")
-        if not isinstance(base, dict):
-            raise ConfigError(f"sweep base config {str(base_path)!r} must hold a mapping")
+        base = read_yaml_mapping((p.parent / raw["base"]).resolve(), "sweep base config")
     sets = list(raw.get("set") or []) + list(overrides or [])
     base = apply_overrides(base, sets)
     build_config(yaml.safe_load(yaml.safe_dump(base)))  # the base alone must be valid
