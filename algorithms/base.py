@@ -11,10 +11,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ConfigDict, ValidationError
 
 from raysim.aggregation import weighted_mean
-from raysim.config import ConfigError, ExperimentConfig, format_validation_error
+from raysim.config import ConfigError, ConfigModel, ExperimentConfig, format_validation_error
 from raysim.modes import PrivacyMode, PrivacyNeeds, make_mode
 from raysim.planning import dpsgd_round_phase
 from raysim.privacy import Phase
@@ -32,7 +32,7 @@ from raysim.sampling import sample_cohort
 from raysim.training import TrainConfig
 
 
-class NoParams(BaseModel):
+class NoParams(ConfigModel):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -57,7 +57,7 @@ class Environment:
 class Algorithm(ABC):
     name: ClassVar[str]
     privacy_modes: ClassVar[tuple[str, ...]] = ("none", "sample", "client")
-    Params: ClassVar[type[BaseModel]] = NoParams
+    Params: ClassVar[type[ConfigModel]] = NoParams
     uses_ground_truth: ClassVar[bool] = False  # only an oracle may
     # Default of ``algorithm.num_clusters`` for algorithms with several models (None: one model,
     # or the algorithm chooses)
@@ -71,6 +71,12 @@ class Algorithm(ABC):
             raise ConfigError(
                 f"privacy.mode: algorithm {self.name!r} does not support {mode!r}; "
                 f"allowed: {', '.join(self.privacy_modes)}"
+            )
+        m = self.cfg.algorithm.num_clusters
+        if m is not None and m > env.num_clients:
+            raise ConfigError(
+                f"algorithm.num_clusters={m} is more than the {env.num_clients} clients "
+                f"(data.num_clients): at most {env.num_clients}, or leave it out"
             )
         extra = self.cfg.algorithm.model_extra or {}
         try:

@@ -26,11 +26,12 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from algorithms.base import Environment, FederatedAlgorithm, broadcast_model
 from raysim.aggregation import weighted_mean
 from raysim.clustering import cluster_sizes
+from raysim.config import ConfigModel
 from raysim.models import build_from_spec, flat_params, model_spec
 from raysim.modes import PrivacyNeeds
 from raysim.protocol import (
@@ -44,7 +45,7 @@ from raysim.protocol import (
 )
 
 
-class SelectionParams(BaseModel):
+class SelectionParams(ConfigModel):
     """Config keys (``algorithm.*``) of the clients' private cluster choice."""
 
     model_config = ConfigDict(extra="forbid")

@@ -4,13 +4,14 @@ on the weights received); privacy and aggregation are DP-FedAvg's."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from algorithms.fedavg import FedAvg
+from raysim.config import ConfigModel
 from raysim.protocol import ClientTask
 
 
-class FedProxParams(BaseModel):
+class FedProxParams(ConfigModel):
     model_config = ConfigDict(extra="forbid")
     mu: float = Field(0.01, ge=0)
 

@@ -15,10 +15,11 @@ from dataclasses import replace
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from algorithms.clustered import ClusteredAlgorithm, ClusterState
 from raysim.clustering import kmeans, match_labels, prepare_features
+from raysim.config import ConfigModel
 from raysim.planning import dpsgd_round_phase
 from raysim.privacy import Phase
 from raysim.protocol import (
@@ -31,7 +32,7 @@ from raysim.protocol import (
 )
 
 
-class KMeansParams(BaseModel):
+class KMeansParams(ConfigModel):
     model_config = ConfigDict(extra="forbid")
     kmeans_n_init: int = Field(10, gt=0)
 

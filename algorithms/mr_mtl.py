@@ -15,11 +15,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from algorithms.base import FederatedAlgorithm
 from algorithms.fedavg import GlobalState
 from raysim.aggregation import weighted_mean
+from raysim.config import ConfigModel
 from raysim.protocol import (
     ClientContext,
     ClientReport,
@@ -30,7 +31,7 @@ from raysim.protocol import (
 )
 
 
-class MRMTLParams(BaseModel):
+class MRMTLParams(ConfigModel):
     model_config = ConfigDict(extra="forbid")
     lam: float = Field(1.0, ge=0)  # the mean-regularisation strength lambda
 

@@ -48,12 +48,12 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from algorithms.base import FederatedAlgorithm
 from algorithms.clustered import model_scores
 from raysim.clustering import kmeans
-from raysim.config import ConfigError
+from raysim.config import ConfigError, ConfigModel
 from raysim.modes import PrivacyNeeds
 from raysim.normality import normality_weight
 from raysim.privacy import SKETCH_DIM
@@ -73,7 +73,7 @@ from raysim.seeding import SERVER, numpy_rng, public_seed
 Phase = Literal["sketch", "lloyd", "init", "train"]
 
 
-class PinaParams(BaseModel):
+class PinaParams(ConfigModel):
     model_config = ConfigDict(extra="forbid")
     init: Literal["kmeans", "lloyd"] = "kmeans"
     sketch_dim: int = Field(SKETCH_DIM, ge=2)

@@ -11,10 +11,19 @@ import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 DATASETS = ("digits", "fmnist", "mnist", "synthetic_linear", "cifar10")
 SHIFTS = ("none", "rotation", "label_flip")
@@ -25,7 +34,40 @@ class ConfigError(ValueError):
     """A user mistake in the experiment config (CLI exit code 2)."""
 
 
-class _Section(BaseModel):
+class ConfigModel(BaseModel):
+    """pydantic's BaseModel, except that true/false is not a number: pydantic's lax mode reads
+    ``rounds: true`` as 1 and ``lr: false`` as 0.0. The base of every config section and of the
+    algorithms' Params."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name in cls.model_fields:
+            kinds = _scalar_kinds(cls.model_fields[info.field_name].annotation)
+            if kinds and bool not in kinds:  # a number field (bool is an int to Python)
+                numbers = {k for k in kinds if isinstance(k, type)}
+                words = ["a whole number" if numbers == {int} else "a number"]
+                words += [repr(k) for k in kinds if not isinstance(k, type)]
+                raise ValueError(f"must be {' or '.join(words)} (got {str(value).lower()})")
+        return value
+
+
+def _scalar_kinds(annotation: Any) -> set[Any]:
+    """int/float/bool and the Literal values an annotation admits; empty where it admits
+    anything else (str, lists, sections), which reject or keep a bool on their own terms."""
+    args = get_args(annotation)
+    origin = get_origin(annotation)
+    if annotation in (int, float, bool):
+        return {annotation}
+    if origin is Literal:
+        return set(args)
+    if origin in (Union, UnionType):
+        kinds = [_scalar_kinds(a) for a in args if a is not type(None)]
+        return set().union(*kinds) if all(kinds) else set()
+    return set()
+
+
+class _Section(ConfigModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
@@ -127,7 +169,7 @@ class DataConfig(_Section):
         return len(sizes) if sizes else 1
 
 
-class ModelConfig(BaseModel):
+class ModelConfig(ConfigModel):
     """`name` plus the model's own keyword arguments (``hidden`` for mlp, ``rank`` for the LoRA
     models...), checked against the builder's signature (raysim.models.spec)."""
 
@@ -157,7 +199,7 @@ class ModelConfig(BaseModel):
         return self
 
 
-class AlgorithmConfig(BaseModel):
+class AlgorithmConfig(ConfigModel):
     """`name` plus the algorithm's own parameters (validated by the algorithm's Params model)."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
@@ -343,8 +385,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected dotted.key=value")
         key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"--set {item!r}: expected dotted.key=value, e.g. training.lr=0.1")
         node = raw
-        *parents, leaf = key.strip().split(".")
+        *parents, leaf = parts
         for part in parents:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
@@ -389,7 +434,7 @@ _TYPES = {
 }
 
 
-def _message(err: dict[str, Any], model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+def error_message(err: dict[str, Any], model: type[BaseModel], loc: tuple[Any, ...]) -> str:
     """One pydantic error in the words of the rest of raysim (no pydantic jargon or URLs)."""
     kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
     if kind == "extra_forbidden":
@@ -421,7 +466,7 @@ def format_validation_error(
         if msg.startswith(f"{field}."):  # the message names the exact key (model.<key>)
             lines.append(msg)
             continue
-        lines.append(f"{field}: {_message(err, model or ExperimentConfig, loc)}")
+        lines.append(f"{field}: {error_message(err, model or ExperimentConfig, loc)}")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

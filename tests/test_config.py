@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from raysim.config import ConfigError, load_config
@@ -61,3 +62,50 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("rounds: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("rounds=true", "rounds: must be a whole number (got true)"),
+        ("training.lr=false", "training.lr: must be a number (got false)"),
+        ("privacy.epsilon=true", "privacy.epsilon: must be a number (got true)"),
+        ("runtime.client_group_size=true", "must be a whole number or 'auto' (got true)"),
+        ("algorithm.num_clusters=true", "algorithm.num_clusters: must be a whole number"),
+    ],
+)
+def test_true_and_false_are_not_numbers(override, message):
+    # pydantic's lax mode would read them as 1 and 0
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert message in str(err.value)
+    assert load_config(None, ["runtime.vectorize=false"]).runtime.vectorize is False
+
+
+def test_algorithm_and_model_keys_refuse_booleans_too():
+    from algorithms.fedprox import FedProxParams
+    from raysim.models.spec import check_model_kwargs
+
+    with pytest.raises(ValueError, match="must be a number"):
+        FedProxParams(mu=True)
+    with pytest.raises(ValueError, match="model.hidden: must be a whole number .got true."):
+        check_model_kwargs("mlp", {"hidden": True})
+
+
+@pytest.mark.parametrize("item", ["=3", "a..b=3", ".x=1", "x.=1"])
+def test_set_needs_a_whole_dotted_key(item):
+    with pytest.raises(ConfigError, match="expected dotted.key=value"):
+        load_config(None, [item])
+
+
+def test_more_cluster_models_than_clients_is_refused():
+    from test_rdpcfl import env_for
+
+    from algorithms.ifca import IFCA
+
+    with pytest.raises(ConfigError, match=r"algorithm.num_clusters=6 is more than the 5 clients"):
+        IFCA(env_for("algorithm.num_clusters=6", sizes=(2, 3)))
+    state = IFCA(env_for("algorithm.num_clusters=5", sizes=(2, 3))).init_state(
+        np.random.default_rng(0)
+    )
+    assert len(state.models) == 5

@@ -28,6 +28,7 @@ import torch
 from pydantic import ConfigDict, ValidationError, create_model
 from torch import nn
 
+from raysim.config import ConfigModel, error_message
 from raysim.seeding import SERVER, torch_generator
 
 # Keyword arguments the engine provides (from other config sections), never the user.
@@ -70,6 +71,10 @@ def _builder(name: str) -> Callable[..., nn.Module]:
     return reg[name]
 
 
+class _BuilderKwargs(ConfigModel):
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+
 @cache
 def _params_model(name: str) -> tuple[type, tuple[str, ...], frozenset[str]]:
     """(pydantic model of the builder's keyword arguments, user keys, engine keys)."""
@@ -86,11 +91,7 @@ def _params_model(name: str) -> tuple[type, tuple[str, ...], frozenset[str]]:
             continue
         default = ... if p.default is inspect.Parameter.empty else p.default
         fields[p.name] = (hints.get(p.name, Any), default)
-    model = create_model(
-        f"{name}_params",
-        __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True),
-        **fields,
-    )
+    model = create_model(f"{name}_params", __base__=_BuilderKwargs, **fields)
     return model, tuple(fields), frozenset(engine)
 
 
@@ -111,9 +112,8 @@ def check_model_kwargs(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(p) for p in err["loc"])
-        raise ValueError(
-            f"model.{key}: {err['msg']} (got {err.get('input')!r}); allowed keys: {allowed}"
-        ) from None
+        why = error_message(err, params, tuple(err["loc"]))
+        raise ValueError(f"model.{key}: {why}; allowed keys: {allowed}") from None
 
 
 def model_spec(cfg: Any) -> ModelSpec:
