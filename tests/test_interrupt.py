@@ -1,5 +1,6 @@
-"""Ctrl-C ends `raysim run` cleanly: exit code 130, no traceback, Ray's processes gone, and the
-run marked interrupted in OUT.incomplete (the target directory is never half-written)."""
+"""Ctrl-C, and SIGTERM to the whole process group (`timeout`, `kill -TERM -PGID`), end
+`raysim run` cleanly: exit code 130, no traceback, Ray's processes gone, and the run marked
+interrupted in OUT.incomplete (the target directory is never half-written)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import small_config
 
 ROOT = Path(__file__).parents[1]
@@ -44,7 +46,8 @@ def _state(pid: int) -> str:
         return "Z"
 
 
-def test_ctrl_c_exits_130_without_traceback_and_marks_the_run(tmp_path):
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm-to-group"])
+def test_stop_exits_130_without_traceback_and_marks_the_run(tmp_path, stop):
     out = tmp_path / "run"
     sets = sum((["--set", s] for s in small_config(rounds=200, **{"model.name": "linear"})), [])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -58,6 +61,8 @@ def test_ctrl_c_exits_130_without_traceback_and_marks_the_run(tmp_path):
         # A suite started in the background (`pytest ... &` from a script) has SIGINT ignored,
         # and a child inherits that: Python then never installs its Ctrl-C handler.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # A group of its own, as a shell gives a job: the group signal reaches nothing else.
+        start_new_session=stop == "sigterm-to-group",
     )
     metrics = tmp_path / "run.incomplete" / "metrics.parquet"
     deadline = time.monotonic() + 240
@@ -65,7 +70,10 @@ def test_ctrl_c_exits_130_without_traceback_and_marks_the_run(tmp_path):
         time.sleep(0.5)
     assert metrics.exists(), proc.stderr.read() if proc.poll() is not None else "no round ran"
     family = _descendants(proc.pid)  # Ray's processes among them
-    proc.send_signal(signal.SIGINT)
+    if stop == "ctrl-c":
+        proc.send_signal(signal.SIGINT)
+    else:  # Ray's daemons must not hear it: they would end the driver before it marks the run
+        os.killpg(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "raysim: interrupted" in err

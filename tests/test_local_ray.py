@@ -20,6 +20,7 @@ from raysim.runtime.local_ray import (
     SKIPPED,
     background_agents,
     lean_head,
+    own_process_group,
     prompt_node_lookup,
     wait_until_registered,
 )
@@ -29,6 +30,26 @@ def test_suite_ray_has_no_monitor_api_server_or_log_monitor(ray_session) -> None
     node = ray._private.worker._global_node
     assert {"gcs_server", "raylet"} <= set(node.all_processes)
     assert not {"monitor", "dashboard", "log_monitor"} & set(node.all_processes)
+
+
+def test_the_daemons_are_out_of_the_drivers_process_group(ray_session) -> None:
+    """A SIGTERM to the driver's group (``timeout``) must reach the driver alone: the raylet
+    and the GCS, stopped by it, would end the driver before it marks its run interrupted."""
+    node = ray._private.worker._global_node
+    daemons = [node.all_processes[kind][0].process.pid for kind in ("gcs_server", "raylet")]
+    assert all(os.getpgid(pid) not in (os.getpgrp(), 0) for pid in daemons)
+    children = [pid for pid in all_pids() if parent(pid) == daemons[1]]  # agents, workers
+    assert children and all(os.getpgid(pid) != os.getpgrp() for pid in children)
+
+
+def test_own_process_group_puts_rays_popen_back() -> None:
+    from ray._private import services
+
+    before = services.ConsolePopen
+    with own_process_group() as applied:
+        assert applied
+        assert services.ConsolePopen is not before
+    assert services.ConsolePopen is before
 
 
 def test_lean_head_puts_the_start_methods_back() -> None:

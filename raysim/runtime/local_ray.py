@@ -277,9 +277,53 @@ def forked_workers() -> Iterator[bool]:
         yield on
 
 
+@contextmanager
+def own_process_group() -> Iterator[bool]:
+    """While active, the daemons of a Ray head started in this process (the GCS and the raylet,
+    and through the raylet its agents) run in a process group of their own, not the driver's.
+
+    ``timeout``, ``kill -TERM -PGID`` and a shell that ends its job signal the driver's whole
+    process group. Ray blocks SIGINT in its daemons, so Ctrl-C reaches only the driver, which
+    marks its run interrupted and shuts Ray down; SIGTERM it does not block: the raylet stopped
+    at once, the driver's connection to the object store broke, and Ray's C++ ended the driver
+    (exit 1) before its SIGTERM handler ran, leaving the run marked as running. In a group of
+    their own the daemons hear SIGTERM only from ``ray.shutdown``; they still end with the
+    driver if it is killed (Ray's kernel fate-sharing, ``PR_SET_PDEATHSIG``). Yields whether it
+    applies (False: an unknown Ray layout, or no kernel fate-sharing to end them with the
+    driver)."""
+    from ray._private import services, utils
+
+    popen = getattr(services, "ConsolePopen", None)
+    fate_sharing = getattr(utils, "detect_fate_sharing_support", lambda: False)()
+    if popen is None or not fate_sharing or sys.platform == "win32":
+        yield False
+        return
+
+    class OwnGroupPopen(popen):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if sys.version_info >= (3, 11):
+                kwargs.setdefault("process_group", 0)
+            else:
+                kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnGroupPopen
+    try:
+        yield True
+    finally:
+        services.ConsolePopen = popen
+
+
 def start_local_ray(**init_kwargs: Any) -> None:
     """``ray.init(address="local", ...)`` without the head daemons a run does not use, without
-    sleeping while its raylet registers, without waiting for the raylet's agents, and with its
-    workers forked from the run's zygote where there is one."""
-    with lean_head(), prompt_node_lookup(), background_agents(), forked_workers():
+    sleeping while its raylet registers, without waiting for the raylet's agents, with its
+    workers forked from the run's zygote where there is one, and with its daemons out of the
+    driver's process group."""
+    with (
+        lean_head(),
+        prompt_node_lookup(),
+        background_agents(),
+        forked_workers(),
+        own_process_group(),
+    ):
         ray.init(address="local", include_dashboard=False, log_to_driver=False, **init_kwargs)

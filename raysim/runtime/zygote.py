@@ -204,6 +204,9 @@ def _serve(address: str, lifeline: int) -> None:
                 os.close(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: its exit ends this
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Out of the driver's process group, as Ray's daemons are (local_ray.own_process_group): a
+    # SIGTERM to the group is the driver's to handle, and the driver's exit ends this one.
+    os.setpgid(0, 0)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\0" + address)
     listener.listen(64)
