@@ -70,7 +70,8 @@ def inline_loop(prep: Any, device: str | None = None, apart: bool = False) -> An
     args += (rt.threads_per_worker, gpus, rt.vectorize, prep.client_seed)
     clients = None
     if apart:
-        clients = ClientsProcess(args, rt.checkpoint_every > 0, prep.client_seed)
+        secure = prep.privacy_summary.get("secure_spec")
+        clients = ClientsProcess(args, rt.checkpoint_every > 0, prep.client_seed, secure)
     worker = clients or ClientWorker(*args)
     size = group_size(rt.client_group_size, gpus)  # the same groups as on Ray
 
@@ -106,6 +107,7 @@ def run_inline(
         checkpoint_due,
         clients_seed_of,
         join_checkpoint,
+        kept_apart,
         save_checkpoint,
         split_checkpoint,
         write_partial_metrics,
@@ -117,7 +119,9 @@ def run_inline(
     if apart is None:
         apart = not prep.algorithm.privacy.trusted_server
     loop = None
-    if resume is not None and prep.client_seed is not None:  # the clients continue with theirs
+    if resume is not None and apart:  # the clients continue with their states
+        resume = kept_apart(resume, cfg.seed)
+    if resume is not None and prep.client_seed is not None:  # and with their seed
         prep.client_seed = clients_seed_of(resume, cfg.seed)
     try:
         loop = inline_loop(prep, device, apart)
@@ -126,9 +130,6 @@ def run_inline(
             loop_blob, clients_blob, _ = split_checkpoint(resume)
             done = loop.restore(loop_blob)[0]
             if loop.clients is not None:
-                if clients_blob is None and loop.client_states:  # kept with the server's
-                    clients_blob = pickle.dumps(loop.client_states)
-                    loop.client_states.clear()
                 loop.clients.restore(clients_blob, done)
             elif clients_blob is not None:
                 loop.client_states.update(pickle.loads(clients_blob))
@@ -209,6 +210,7 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for a in names:
         rs = runs[a]
+        from raysim.metrics.report import METRIC_DP, NO_DP
         from raysim.metrics.results import warning_label
 
         warnings = sorted({warning_label(r["warning"]) for r in rs if r.get("warning")})
@@ -219,7 +221,9 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
             vals = [r.get(key) for r in rs if r.get(key) is not None]
             cells.append(f"{sum(np.isclose(v, 1.0) for v in vals)}/{len(vals)}" if vals else "-")
         if all(r.get("privacy_mode") == "none" for r in rs):
-            cells.append("∞ (no DP)")  # nothing accounted: not "0", which reads as private
+            cells.append(NO_DP)  # nothing accounted: not "0", which reads as private
+        elif all(r.get("privacy_mode") == "dprivacy" for r in rs):
+            cells.append(METRIC_DP)
         else:
             cells.append(_mean_std([r.get("epsilon_spent") for r in rs], scale=1.0))
         ms = [r.get("num_clusters") for r in rs if r.get("num_clusters") is not None]

@@ -224,10 +224,22 @@ class PrivacyConfig(_Section):
     # dprivacy (metric local DP, Galli et al.): eps = n / (nu * ||delta||) per release
     nu: float = Field(1.0, gt=0)
     leakage_cap: float | None = Field(None, gt=0)  # per-client total; a client past it skips
-    # distributed, dprivacy (an untrusted server): the seed of the clients' own draws (their
-    # noise, noise shares, sketch noise, batches), which the server's process never holds.
-    # null: drawn from the OS and recorded in the run's config.yaml (see raysim.seeding)
-    client_seed: int | None = Field(None, ge=0)
+    # sample, distributed, dprivacy (an untrusted server): the seed of the clients' own draws
+    # (their DP-SGD noise and batches, choices, noise shares, sketch noise), which the server's
+    # process never holds.
+    # null: drawn from the OS and recorded in the run's config.yaml (see raysim.seeding);
+    # same_as_seed: the run's seed, a reproduction mode (the bits of runs made before the clients
+    # had a seed of their own), in which the server could redraw the clients' noise
+    client_seed: int | Literal["same_as_seed"] | None = None
+
+    @field_validator("client_seed", mode="before")
+    @classmethod
+    def _client_seed(cls, v: Any) -> Any:
+        whole = isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        if v is None or v == "same_as_seed" or whole:
+            return v
+        hint = did_you_mean(v, ["same_as_seed"]) if isinstance(v, str) else ""
+        raise ValueError(f"must be a whole number >= 0, 'same_as_seed' or null (got {v!r}){hint}")
 
     @model_validator(mode="after")
     def _budget_given(self) -> PrivacyConfig:

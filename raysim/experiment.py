@@ -116,18 +116,22 @@ def prepare(cfg: ExperimentConfig, algorithm_cls: Callable[[Any], Any], env_cls:
     return Prepared(cfg, ds, algorithm, env, summary, model_spec(cfg), seed)
 
 
-def client_seed(cfg: ExperimentConfig, trusted_server: bool, given: int | None) -> int | None:
+def client_seed(cfg: ExperimentConfig, trusted_server: bool, given: int | str | None) -> int | None:
     """The clients' seed of a run whose server is untrusted: ``privacy.client_seed``, or 128
     bits from the OS. A seed derived from the run's would let the server, which holds the
-    run's, regenerate every client's noise and take it off what they released."""
-    if trusted_server:
-        if given is not None:
-            raise ConfigError(
-                "privacy.client_seed: only for a mode whose server is untrusted (distributed, "
-                f"dprivacy); under mode {cfg.privacy.mode!r} the run's seed serves the clients"
+    run's, regenerate every client's noise and take it off what they released. ``same_as_seed``
+    is the run's seed: the reproduction mode, labelled as such in the config."""
+    if trusted_server:  # e.g. a config's pinned seed, run under `--set privacy.mode=none`
+        if given not in (None, "same_as_seed"):
+            print(
+                f"raysim: privacy.client_seed is for an untrusted server's clients; under mode "
+                f"{cfg.privacy.mode!r} the run's seed serves them: left out",
+                file=sys.stderr,
             )
         return None
-    return given if given is not None else secrets.randbits(128)
+    if given == "same_as_seed":
+        return cfg.seed
+    return int(given) if given is not None else secrets.randbits(128)
 
 
 def prepare_apart(

@@ -3,10 +3,11 @@
 That key, not the worker or node a computation lands on, decides the bits: a shard re-run
 elsewhere, or split differently over workers, gives the same result.
 
-Where the server is untrusted (``distributed``, ``dprivacy``) the clients' draws, and the secure
-sum's noise, are keyed by the clients' seed in place of the run's (``privacy.client_seed``; by
-default 128 bits from the OS, recorded in the run's config.yaml): the server's process holds the
-run's seed, and could otherwise draw the clients' noise again and take it off their releases.
+Where the server is untrusted (``sample``, ``distributed``, ``dprivacy``) the clients' draws, and
+the secure sum's noise, are keyed by the clients' seed in place of the run's
+(``privacy.client_seed``; by default 128 bits from the OS, recorded in the run's config.yaml): the
+server's process holds the run's seed, and could otherwise draw the clients' noise again and take it
+off their releases.
 """
 
 from __future__ import annotations

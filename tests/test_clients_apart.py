@@ -9,6 +9,7 @@ from inside ``server_step``, in its own process, as any server code could.
 from __future__ import annotations
 
 import gc
+import math
 import os
 import pickle
 import signal
@@ -60,14 +61,16 @@ _BEFORE: dict[int, list] = {}
 
 
 def _client_material(objects: list) -> tuple[list, list]:
-    """Secure inputs, and reports that carry one or a client state, among ``objects``."""
+    """Secure inputs, and reports that carry one, a client state or a training loss, among
+    ``objects``."""
     with warnings.catch_warnings():  # isinstance on some of torch's module objects warns
         warnings.simplefilter("ignore")
         inputs = [o for o in objects if isinstance(o, SecureContribution)]
         reports = [
             o
             for o in objects
-            if isinstance(o, ClientReport) and (o.state is not None or o.contribution is not None)
+            if isinstance(o, ClientReport)
+            and (o.state is not None or o.contribution is not None or not math.isnan(o.loss))
         ]
     return inputs, reports
 
@@ -295,8 +298,7 @@ def test_a_lost_clients_side_is_restarted_from_the_checkpoint(whole, tmp_path):
     assert left == []
 
 
-def test_the_clients_seed_is_drawn_recorded_and_never_the_servers():
-    from raysim.config import ConfigError
+def test_the_clients_seed_is_drawn_recorded_and_never_the_servers(capsys):
 
     unset = [s for s in TINY_PINA if not s.startswith("privacy.client_seed")]
     a, b = (prepare(for_algorithm(load_config(None, unset)), PINA, Environment) for _ in "ab")
@@ -308,10 +310,16 @@ def test_the_clients_seed_is_drawn_recorded_and_never_the_servers():
     assert given.client_seed == CLIENT_SEED and given.cfg.privacy.client_seed is None
     from algorithms import get_algorithm
 
-    sets = [*unset, "algorithm.name=fedavg", "privacy.mode=sample", "privacy.client_seed=3"]
-    trusted = for_algorithm(load_config(None, sets), quiet=True)
-    with pytest.raises(ConfigError, match="privacy.client_seed: only for a mode whose server"):
-        prepare(trusted, get_algorithm("fedavg"), Environment)
+    sets = [*unset, "algorithm.name=fedavg", "privacy.mode=client", "privacy.delta=1e-3"]
+    trusted = for_algorithm(load_config(None, [*sets, "privacy.client_seed=3"]), quiet=True)
+    assert prepare(trusted, get_algorithm("fedavg"), Environment).client_seed is None
+    assert "privacy.client_seed is for an untrusted server's clients" in capsys.readouterr().err
+    # the reproduction mode is the run's seed where the server is untrusted; a trusted one's
+    # clients draw from the run's seed anyway
+    same = [*unset, "privacy.client_seed=same_as_seed", "seed=4"]
+    assert prepare(for_algorithm(load_config(None, same)), PINA, Environment).client_seed == 4
+    reproduced = for_algorithm(load_config(None, [*sets, "privacy.client_seed=same_as_seed"]))
+    assert prepare(reproduced, get_algorithm("fedavg"), Environment).client_seed is None
 
 
 def test_a_resumed_run_continues_with_the_clients_seed_it_drew(ray_session, tmp_path):
@@ -383,7 +391,8 @@ def test_the_secure_sums_need_every_members_input():
     from raysim.runtime.client_side import ClientSide
 
     key = b"k" * 16
-    side = ClientSide(key, {}, (), True, 7)
+    spec = {"clip": 1.0, "std": 0.0, "share_cohort": None, "releases": 3}
+    side = ClientSide(key, {}, (), True, 7, spec)
     vec = torch.tensor([0.6, 0.0])
     side.keep(key, 1, {}, {0: SecureContribution(0, vec), 1: SecureContribution(1, vec)})
     agg = SecureAggregator(2, 2, clip=1.0, std=0.0)
@@ -393,6 +402,39 @@ def test_the_secure_sums_need_every_members_input():
     side.keep(key, 2, {}, {0: SecureContribution(0, vec)})
     with pytest.raises(RuntimeError, match=r"no secure input from clients \[1\]"):
         side.secure_sums(2, [0, 1], agg)
+
+
+def test_the_clients_side_sums_with_its_own_noise_once_a_round_within_the_plan():
+    """The server names the members and the shape only: an aggregator it built with no noise,
+    a second sum of a round (two member sets differenced would give a client's input) and a
+    sum past the planned number are refused or ignored."""
+    import torch
+
+    from raysim.modes.secure import SecureAggregator
+    from raysim.runtime.client_side import ClientSide
+
+    key = b"k" * 16
+    spec = {"clip": 1.0, "std": 0.5, "share_cohort": None, "releases": 2}
+    side = ClientSide(key, {}, (), True, 7, spec)
+    vec = torch.tensor([0.6, 0.0])
+    for r in (1, 2, 3):
+        side.keep(key, r, {}, {0: SecureContribution(0, vec), 1: SecureContribution(0, vec)})
+    noiseless = SecureAggregator(1, 2, clip=1.0, std=0.0)
+    sums = side.secure_sums(1, [0], noiseless)
+    residual = sums.sums[0].double() - vec.double()
+    assert float(residual.abs().min()) > 1e-6  # noised: the server's std of 0 was not used
+    side.keep(key, 1, {}, {1: SecureContribution(0, vec)})
+    with pytest.raises(PermissionError, match="round 1: no secure sum .summed already"):
+        side.secure_sums(1, [1], noiseless)
+    side.secure_sums(2, [0, 1], noiseless)
+    with pytest.raises(PermissionError, match="past the 2 planned"):
+        side.secure_sums(3, [0, 1], noiseless)
+    side.restore(key, None, 1)  # round 2 runs again after a restore to round 1
+    side.keep(key, 2, {}, {0: SecureContribution(0, vec)})
+    side.secure_sums(2, [0], noiseless)
+    no_sums = ClientSide(key, {}, (), True, 7)
+    with pytest.raises(PermissionError, match="releases no secure sum"):
+        no_sums.secure_sums(1, [0], noiseless)
 
 
 def test_a_secure_sum_in_the_sketch_round_is_charged_too():
@@ -446,3 +488,19 @@ def test_without_ray_a_checkpoint_carries_the_clients_states_too(tmp_path):
     again = run_inline(_prep(algorithm=PINA), resume=blob)["history"]
     strip = [{k: v for k, v in r.items() if k != "round_seconds"} for r in whole]
     assert [{k: v for k, v in r.items() if k != "round_seconds"} for r in again] == strip
+
+
+def test_a_checkpoint_of_the_servers_clients_continues_with_them_apart():
+    """A plain checkpoint (the clients' states in the round loop's, as a trusted server keeps
+    them; ``sample`` before it kept its clients apart) continues with the states moved to the
+    clients' part and the run's seed, which its clients drew from."""
+    from raysim.rounds import CHECKPOINT_FIELDS
+    from raysim.runtime.checkpoint import clients_seed_of, kept_apart, split_checkpoint
+
+    snap = dict.fromkeys(CHECKPOINT_FIELDS) | {"round": 3, "client_states": {0: "s0", 2: "s2"}}
+    blob = kept_apart(pickle.dumps(snap), run_seed=5)
+    loop_blob, clients_blob, seed = split_checkpoint(blob)
+    assert pickle.loads(loop_blob) == snap | {"client_states": {}}
+    assert pickle.loads(clients_blob) == {0: "s0", 2: "s2"}
+    assert seed == 5 == clients_seed_of(blob, 5)
+    assert kept_apart(blob, run_seed=9) is blob  # already apart: as it is

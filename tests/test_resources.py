@@ -41,6 +41,21 @@ def test_too_many_workers_and_a_gpu_on_a_cpu_cluster():
         check_request(RuntimeConfig(gpus_per_worker=0.5), 0.5, TWO_CPUS)
 
 
+def test_the_fixes_named_fit_and_one_actor_per_client_is_counted():
+    with pytest.raises(ConfigError) as err:  # no worker count fits 8-CPU workers on 2 CPUs
+        check_request(RuntimeConfig(num_workers=1, cpus_per_worker=8), 0.0, TWO_CPUS)
+    assert str(err.value).endswith("set runtime.cpus_per_worker=2")
+    per_client = RuntimeConfig(actor_per_client=True)  # 2 workers, but 12 clients: 12 actors
+    with pytest.raises(ConfigError) as err:
+        check_request(per_client, 0.0, TWO_CPUS, clients=12)
+    msg = str(err.value)
+    assert "needs 12 CPUs (12 workers x 1 CPU: runtime.actor_per_client" in msg
+    assert msg.endswith("set runtime.cpus_per_worker=0.16 or runtime.actor_per_client=false")
+    fixed = RuntimeConfig(actor_per_client=True, cpus_per_worker=0.16)
+    assert check_request(fixed, 0.0, TWO_CPUS, clients=12) is None
+    assert check_request(per_client, 0.0, TWO_CPUS, clients=2) is None
+
+
 def test_autoscaling_cluster_may_wait_only_for_a_node_type_that_fits():
     rt = RuntimeConfig(num_workers=8, address="auto")
     types = {"head": {"CPU": 2}, "worker": {"CPU": 16}}
@@ -58,7 +73,11 @@ def test_sweep_trials_are_sized_to_the_largest_node():
 
 @pytest.mark.parametrize(
     ("override", "needle"),
-    [("runtime.num_workers=1000", "runtime.num_workers=2"), ("runtime.gpus_per_worker=0.5", "GPU")],
+    [
+        ("runtime.num_workers=1000", "runtime.num_workers=2"),
+        ("runtime.gpus_per_worker=0.5", "GPU"),
+        ("runtime.actor_per_client=true", "runtime.actor_per_client=false"),  # 8 clients
+    ],
 )
 def test_unplaceable_run_stops_at_once(ray_session, tmp_path, capsys, override, needle):
     out = tmp_path / "out"

@@ -58,7 +58,8 @@ def test_kept_actors_give_fresh_bits_and_end_with_the_command(ray_session, tmp_p
     """The first run's actors are fresh; the third renews them after a run of another algorithm,
     seed and privacy mode (the 1/2/3-worker test in test_vectorized_ray.py runs kept actors
     too)."""
-    dp = {"algorithm.name": "ifca", "privacy.mode": "sample"}
+    # DP under a trusted server, whose coordinator trains (sample's is untrusted: it trains none)
+    dp = {"algorithm.name": "fedavg", "privacy.mode": "client", "privacy.delta": 1e-3}
     with reuse.kept_actors():
         fresh, pids_a = _run(tmp_path / "a", **dp)
         _, pids_b = _run(tmp_path / "b", **{"algorithm.name": "local", "privacy.mode": "none"})
@@ -75,7 +76,7 @@ def test_a_trusted_servers_process_never_serves_an_untrusted_server(ray_session,
     apart = {"runtime.coordinator_trains": False}  # the same Ray options for both coordinators
     untrusted = {"privacy.mode": "distributed", "privacy.noise_cohort_size": 6, **apart}
     with reuse.kept_actors():
-        first = _results(tmp_path / "trusted", **apart)
+        first = _results(tmp_path / "trusted", **{"privacy.mode": "none"}, **apart)
         second = _results(tmp_path / "untrusted", **untrusted)
     # the client workers serve on; the server's process is a new one
     assert _pids(first) == _pids(second) and len(_pids(first)) == 2

@@ -32,7 +32,7 @@ convention, the sketch does not (its noise is the real per-client noise).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -40,7 +40,12 @@ import torch
 
 from raysim import privacy as privacy_lib
 from raysim.modes.base import PrivacyMode, client_releases, group_releases, refuse
-from raysim.modes.secure import SecureAggregator, client_noise_share, contribution_sensitivity
+from raysim.modes.secure import (
+    SecureAggregator,
+    SecureSpec,
+    client_noise_share,
+    contribution_sensitivity,
+)
 from raysim.planning import refuse_over_budget
 from raysim.privacy import BudgetError, Released, clip_l2, private_sketch
 from raysim.privacy.distributed import (
@@ -132,12 +137,18 @@ class Distributed(PrivacyMode):
         sens = contribution_sensitivity(self.privacy.clip)
         return self.noise_cohort.noise_std(self.plan.noise, sens, max(self.cohort, 1.0))
 
+    def secure_spec(self) -> SecureSpec:
+        """The calibrated secure sum, as the clients' side enforces it."""
+        shares = self.cohort if self.privacy.noise_source == "clients" else None
+        return SecureSpec(self.privacy.clip, self.std, shares, self.plan.releases)
+
     def summary(self) -> dict[str, Any]:
         p = self.privacy
         return {
             **super().summary(),
             **self.plan.summary(),
             "noise_cohort_size": p.noise_cohort_size,
+            "secure_spec": asdict(self.secure_spec()),  # what the clients' side enforces
             "population": self.population,
             "noise_std": self.std,
             "caveat": cohort_caveat(p.noise_cohort_size, self.cohort),
@@ -239,9 +250,7 @@ class Distributed(PrivacyMode):
                 refuse(algorithm, "contribution", "this round has no secure aggregation")
             return sketches
         dim = int(plan.models[0].numel()) if plan.models else 0
-        shares = self.cohort if self.privacy.noise_source == "clients" else None
-        clip = self.privacy.clip
-        agg = SecureAggregator(len(plan.models), dim, clip, self.std, algorithm, shares)
+        agg = self.secure_spec().aggregator(len(plan.models), dim, algorithm)
         self._released = True
         if deposited:
             if secure is None or contributions:

@@ -23,6 +23,7 @@ from raysim.training import sampling_plan
 class SampleLevel(PrivacyMode):
     name = "sample"
     private = True
+    trusted_server = False  # DP-SGD protects each sample from the server too
 
     def __init__(self, cfg, train_sizes, needs) -> None:
         super().__init__(cfg, train_sizes, needs)

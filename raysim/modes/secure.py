@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -44,6 +45,23 @@ def client_noise_share(
     """One client's share of the noise on every slot (vector and count), from its own stream
     (``raysim.privacy.distributed.noise_share``: the one implementation of the shares)."""
     return torch.from_numpy(noise_share(std, cohort, (num_slots, dim + 1), rng))
+
+
+@dataclass(frozen=True)
+class SecureSpec:
+    """What the clients agreed to before the run: the clip their inputs are checked against, the
+    calibrated noise std of a sum (``share_cohort``: the cohort the clients' noise shares were
+    drawn for; None: the aggregator draws the whole noise) and how many sums may be released.
+    The clients' side holds its own copy, from the driver, so the server cannot make a sum less
+    noisy (a std of its choosing) or release more of them."""
+
+    clip: float
+    std: float
+    share_cohort: float | None
+    releases: int
+
+    def aggregator(self, num_slots: int, dim: int, algorithm: str = "?") -> SecureAggregator:
+        return SecureAggregator(num_slots, dim, self.clip, self.std, algorithm, self.share_cohort)
 
 
 class SecureAggregator:

@@ -1,10 +1,11 @@
 """The clients' side of an untrusted-server run: what must never be in the server's process.
 
-Under a mode whose server is untrusted (``distributed``, ``dprivacy``) the coordinator actor is
-the server. Two things a round produces are the clients' alone: their persistent state (a
-personal model, PINA's base update and hidden slot) and their secure-aggregation inputs (each a
-clipped vector without noise). ``ClientSide`` is one actor that keeps both, standing for the
-clients' devices and the secure-aggregation protocol they submit to:
+Under a mode whose server is untrusted (``sample``, ``distributed``, ``dprivacy``) the coordinator
+actor is the server. What a round produces that is the clients' alone: their persistent state (a
+personal model, PINA's base update and hidden slot), their secure-aggregation inputs (each a clipped
+vector without noise), and under ``sample`` the training itself (the raw gradients before DP-SGD's
+noise: the coordinator trains no clients). ``ClientSide`` is one actor that keeps the first two,
+standing for the clients' devices and the secure-aggregation protocol they submit to:
 
 * the workers fetch the states of a piece's clients before running it and hand back the new
   states and the contributions after (``states``, ``keep``), presenting the run's client key;
@@ -52,12 +53,17 @@ class ClientSide:
         worker_args: tuple,
         snapshots: bool,
         client_seed: int,
+        secure: dict[str, Any] | None = None,
     ) -> None:
         """``snapshots``: the driver will ask for snapshots (checkpoints are on); without them
         only each client's newest state is kept. ``client_seed``: the clients' seed (the secure
-        sums' noise is drawn from it)."""
+        sums' noise is drawn from it). ``secure``: the calibrated secure sum (the fields of
+        ``modes.secure.SecureSpec``, from the run's privacy summary; None: the run releases
+        none), given by the driver."""
         self._key = key
         self._seed = client_seed
+        self._secure = secure
+        self._summed: set[int] = set()  # the rounds whose sum was released
         self._worker = (worker_options, worker_args)
         self._snapshots = snapshots
         # client -> [(round written, state)], oldest first; the first entry is the newest one
@@ -101,17 +107,29 @@ class ClientSide:
     # -- the server ------------------------------------------------------------------------------
     def secure_sums(self, round: int, members: list[int], aggregator: Any) -> SecureSums:
         """The round's noisy per-slot sums over ``members`` (in client-id order, as the
-        in-process aggregator adds them); the inputs are dropped once summed."""
+        in-process aggregator adds them); the inputs are dropped once summed. Of the server's
+        ``aggregator`` only the shape is taken (slots, dimension): the clip and the noise are
+        this side's own (``SecureSpec``), and a round is summed once, within the planned number
+        of sums, so the server can neither lower the noise nor difference two sums."""
+        from raysim.modes.secure import SecureSpec, secure_noise_rng  # torch: not in the driver
+
+        if self._secure is None:
+            raise PermissionError("this run releases no secure sum")
+        spec = SecureSpec(**self._secure)
+        if round in self._summed or len(self._summed) >= spec.releases:
+            why = "summed already" if round in self._summed else f"past the {spec.releases} planned"
+            raise PermissionError(f"round {round}: no secure sum ({why})")
         deposits = self._deposits.pop(round, {})
         for r in [r for r in self._deposits if r < round]:  # a failed attempt's leftovers
             del self._deposits[r]
         missing = sorted(set(members) - set(deposits))
         if missing:
             raise RuntimeError(f"round {round}: no secure input from clients {missing[:10]}")
-        from raysim.modes.secure import secure_noise_rng  # torch: not in the driver
-
         rng = secure_noise_rng(self._seed, round)
-        return aggregator.aggregate([deposits[c] for c in sorted(members)], rng)
+        agg = spec.aggregator(aggregator.num_slots, aggregator.dim, aggregator.algorithm)
+        sums = agg.aggregate([deposits[c] for c in sorted(members)], rng)
+        self._summed.add(round)
+        return sums
 
     def new_worker(self, index: int) -> Any:
         import ray
@@ -143,6 +161,7 @@ class ClientSide:
         self._states = {c: [(round, s)] for c, s in states.items()}
         self._snapshot_round = round
         self._deposits.clear()
+        self._summed = {r for r in self._summed if r <= round}  # the later ones run again
 
 
 class OnRay:
@@ -172,13 +191,19 @@ class ClientsProcess:
     secure sums and the clients' snapshots. Spawned, not forked: a fork would copy this
     process's heap, and a forked torch is unsafe with OpenMP threads running."""
 
-    def __init__(self, worker_args: tuple, snapshots: bool, client_seed: int) -> None:
+    def __init__(
+        self,
+        worker_args: tuple,
+        snapshots: bool,
+        client_seed: int,
+        secure: dict[str, Any] | None = None,
+    ) -> None:
         import multiprocessing
 
         self.key = client_key()
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        args = (child, self.key, worker_args, snapshots, client_seed)
+        args = (child, self.key, worker_args, snapshots, client_seed, secure)
         self._process = ctx.Process(target=_serve_clients, args=args, daemon=True)
         self._process.start()
         child.close()
@@ -211,7 +236,12 @@ class ClientsProcess:
 
 
 def _serve_clients(
-    conn: Any, key: bytes, worker_args: tuple, snapshots: bool, client_seed: int
+    conn: Any,
+    key: bytes,
+    worker_args: tuple,
+    snapshots: bool,
+    client_seed: int,
+    secure: dict[str, Any] | None,
 ) -> None:
     import signal
 
@@ -221,7 +251,7 @@ def _serve_clients(
     # interrupted) and closes this one, which must not print a traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    side = ClientSide(key, {}, (), snapshots, client_seed)
+    side = ClientSide(key, {}, (), snapshots, client_seed, secure)
     worker = ClientWorker(*worker_args, client_side=(side, key))
     ops = {
         "device": lambda: str(worker.device),

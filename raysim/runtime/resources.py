@@ -70,11 +70,14 @@ def check_request(
     nodes: list[dict[str, float]],
     trial: bool = False,
     types: dict[str, dict[str, float]] | None = None,
+    clients: int | None = None,
 ) -> str | None:
     """None when the workers (plus a Tune trial's own bundle) can be placed now. Otherwise a
     ConfigError with the fix, or, on an autoscaling cluster where a node type fits every
-    bundle, the message to print before waiting."""
-    n, c = rt.num_workers, float(rt.cpus_per_worker)
+    bundle, the message to print before waiting. ``clients``: the population, whose every
+    client gets a worker of its own under ``runtime.actor_per_client``."""
+    per_client = rt.actor_per_client and clients is not None
+    n, c = (clients if per_client else rt.num_workers), float(rt.cpus_per_worker)
     bundles = [worker_bundle(rt, gpus)] * n + ([{"CPU": TRIAL_CPU}] if trial else [])
     if fits(bundles, nodes):
         return None
@@ -101,10 +104,24 @@ def check_request(
         )
     extra = f" + {TRIAL_CPU:g}" if trial else ""
     spare = have_cpu - (TRIAL_CPU if trial else 0.0)
-    fixes = [f"runtime.num_workers={max(1, math.floor(spare / c + 1e-9))}"]
-    if spare / n >= 0.1:
-        fixes.append(f"runtime.cpus_per_worker={_floor2(spare / n):g}")
-    need = f"{n * c + (TRIAL_CPU if trial else 0.0):g} CPUs ({n} workers x {c:g} CPU{extra})"
+    fixes = []  # only settings that fit
+    room = math.floor(spare / c + 1e-9)
+    trial_bundle = [{"CPU": TRIAL_CPU}] if trial else []
+    if (
+        room >= 1
+        and not per_client
+        and fits([worker_bundle(rt, gpus)] * room + trial_bundle, nodes)
+    ):
+        fixes.append(f"runtime.num_workers={room}")
+    smaller = rt.model_copy(update={"cpus_per_worker": _floor2(spare / n)})
+    if spare / n >= 0.01 and fits([worker_bundle(smaller, gpus)] * n + trial_bundle, nodes):
+        fixes.append(f"runtime.cpus_per_worker={smaller.cpus_per_worker:g}")
+    if per_client:
+        fixes.append("runtime.actor_per_client=false")
+    if not fixes:
+        fixes.append("runtime.num_workers or runtime.cpus_per_worker lower")
+    why = ": runtime.actor_per_client gives each client its own" if per_client else ""
+    need = f"{n * c + (TRIAL_CPU if trial else 0.0):g} CPUs ({n} workers x {c:g} CPU{extra}{why})"
     if gpus:
         need += f" and {n * gpus:g} GPUs ({gpus:g} each)"
     raise ConfigError(
@@ -113,9 +130,12 @@ def check_request(
     )
 
 
-def check_cluster(rt: RuntimeConfig, gpus: float, trial: bool = False) -> None:
+def check_cluster(
+    rt: RuntimeConfig, gpus: float, trial: bool = False, clients: int | None = None
+) -> None:
     """check_request against the alive nodes of the connected Ray; prints a wait message."""
-    note = check_request(rt, gpus, alive_nodes(), trial, node_types() if rt.address else None)
+    types = node_types() if rt.address else None
+    note = check_request(rt, gpus, alive_nodes(), trial, types, clients)
     if note:
         print(f"raysim: {note}", file=sys.stderr)
 

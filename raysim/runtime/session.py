@@ -25,6 +25,7 @@ from raysim.runtime.checkpoint import (
     checkpoint_due,
     clients_seed_of,
     join_checkpoint,
+    kept_apart,
     save_checkpoint,
     split_checkpoint,
     write_partial_metrics,
@@ -124,7 +125,8 @@ class ClientsApart:
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=True)
         snapshots = rt.checkpoint_every > 0
         side = ray.remote(ClientSide).options(**opts)
-        self.actor = side.remote(self.key, *args, snapshots, self.seed)
+        secure = prep.privacy_summary.get("secure_spec")  # the clients' own copy of the plan
+        self.actor = side.remote(self.key, *args, snapshots, self.seed, secure)
 
     def restore(self, blob: bytes | None, round: int, timeout: float) -> None:
         ray.get(self.actor.restore.remote(self.key, blob, round), timeout=timeout)
@@ -212,7 +214,8 @@ def run_session(
         if gpus is None:
             gpus = gpus_per_worker(rt, ray.cluster_resources().get("GPU", 0.0))
         if ray.util.get_current_placement_group() is None:  # a Tune trial's bundles are checked
-            check_cluster(rt, gpus)  # by the sweep; a request that can never be met stops here
+            # by the sweep; a request that can never be met stops here
+            check_cluster(rt, gpus, clients=len(prep.truth))
         trains = trains_in_coordinator(rt, gpus, prep.privacy_summary)
         apart = not prep.privacy_summary.get("trusted_server", False)
         data_ref = ray.put(prep.dataset)  # once: workers read it zero-copy
@@ -221,8 +224,9 @@ def run_session(
         prep.dataset = None
         prep.dataset = ray.get(data_ref, timeout=timeout)
         blob = resume
-        if apart and resume is not None:  # the clients continue with their seed
-            prep.client_seed = clients_seed_of(resume, cfg.seed)
+        if apart and resume is not None:  # the clients continue with their states and seed
+            blob = kept_apart(resume, cfg.seed)
+            prep.client_seed = clients_seed_of(blob, cfg.seed)
         done, rows = 0, []
         restarts = 0
         # the coordinator's next round, asked for before this one's files are written

@@ -114,10 +114,12 @@ class ClientWorker(Renewable):
 
     def _hand_back(self, round: int, reports: list[Any]) -> None:
         """The new states and the secure inputs go to the clients' side; the reply keeps only
-        that a report's contribution went there (``deposited``)."""
+        that a report's contribution went there (``deposited``). The training loss, which
+        stays with the client (``ClientReport``), is dropped."""
         side, key = self.client_side  # type: ignore[misc]
         states, contributions = {}, {}
         for rep in reports:
+            rep.loss = float("nan")
             if rep.state is not None:
                 states[rep.client_id], rep.state = rep.state, None
             if rep.contribution is not None:
