@@ -183,7 +183,8 @@ class RoundLoop:
             row.update(round_metrics(self.last_eval, self.true_clusters))
             if self._no_improvement(row["loss"]):
                 row["early_stopped"] = True
-        row["epsilon"] = self.ledger.summary()["max_epsilon"]
+        accounted = algo.privacy.accounts_epsilon  # else missing: never 0, which would say "DP"
+        row["epsilon"] = self.ledger.summary()["max_epsilon"] if accounted else float("nan")
         row["round_seconds"] = time.perf_counter() - start
         self.history.append(row)
         return row

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+import pyarrow.parquet as pq
 import pytest
 from conftest import small_config
 
@@ -125,6 +126,18 @@ def test_report_accepts_a_directory_of_runs(ray_session, tmp_path, capsys):
     assert "All %" in text and "accuracy in %" in text
     assert "∞ (no DP)" in text and "0.00" not in text  # a non-private run is not "eps 0"
     assert (out / "comparison.png").is_file()
+    # nor in its files: eps is missing (null, NaN), its ledger has its columns and no row
+    summary = json.loads((out / "fedavg" / "summary.json").read_text())
+    assert summary["epsilon"] is None and summary["epsilon_budget"] is None
+    metrics = pq.read_table(out / "fedavg" / "metrics.parquet").to_pandas()
+    assert metrics["epsilon"].isna().all()
+    clients = pq.read_table(out / "fedavg" / "clients.parquet").to_pandas()
+    assert clients["epsilon"].isna().all()
+    ledger = pq.read_table(out / "fedavg" / "privacy.parquet")
+    assert ledger.num_rows == 0 and "mechanism" in ledger.column_names
+    # `wall s` is the rounds' own time, summed over them (a resumed run's earlier ones too)
+    row = next(line for line in text.splitlines() if str(out / "fedavg") in line)
+    assert row.split()[-1] == f"{summary['rounds_seconds']:.0f}"
 
 
 def test_compare_refuses_to_overwrite_its_runs(tmp_path, capsys):

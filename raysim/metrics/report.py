@@ -14,6 +14,7 @@ from typing import Any
 from raysim.metrics.results import load_run
 
 NO_DP = "∞ (no DP)"
+METRIC_DP = "- (metric DP)"
 
 # (header, key in summary.json / its "final", format); accuracies are fractions on disk.
 COLUMNS = (
@@ -26,7 +27,7 @@ COLUMNS = (
     ("ARI", "ari", "{:.2f}"),
     ("M", "num_clusters", "{}"),
     ("eps spent", "epsilon", "eps"),
-    ("wall s", "wall_seconds", "{:.0f}"),
+    ("wall s", "rounds_seconds", "{:.0f}"),  # every round's, a resumed run's before it too
 )
 
 LEGEND = (
@@ -40,6 +41,8 @@ def _cell(fmt: str, value: Any, summary: dict[str, Any]) -> str:
     if fmt == "eps":
         if summary.get("privacy_mode") == "none":
             return NO_DP
+        if summary.get("privacy_mode") == "dprivacy":  # metric DP: leakage, not (eps, delta)
+            return METRIC_DP
         return "-" if value is None else f"{value:.2f} (delta {summary.get('delta'):g})"
     if value is None:
         return "-"
@@ -56,6 +59,7 @@ def table_rows(run_dirs: Sequence[Path]) -> tuple[list[str], list[list[str]]]:
     for d in run_dirs:
         summary, _ = load_run(Path(d))
         values = {**summary.get("final", {}), **summary}
+        values.setdefault("rounds_seconds", summary.get("wall_seconds"))  # runs before it
         label = str(d) + (" (cluster identifiers not private)" if summary.get("warning") else "")
         rows.append([label] + [_cell(fmt, values.get(key), summary) for _, key, fmt in COLUMNS])
     header = ["run"] + [name for name, _, _ in COLUMNS]

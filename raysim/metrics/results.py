@@ -15,6 +15,16 @@ import pyarrow.parquet as pq
 from raysim.config import dump_config
 from raysim.metrics.evaluation import diagnostics_summary
 
+NOT_ACCOUNTED = ("none", "dprivacy")  # modes whose runs have no (eps, delta) (accounts_epsilon)
+# privacy.parquet's columns (PrivacyLedger.rows), also when nothing was charged
+LEDGER_COLUMNS = [
+    ("client", pa.int64()),
+    ("round", pa.int64()),
+    ("mechanism", pa.string()),
+    ("params", pa.string()),
+    ("epsilon", pa.float64()),
+]
+
 RESULT_FILES = (
     "config.yaml",
     "metrics.parquet",
@@ -33,7 +43,15 @@ def _table(rows: list[dict[str, Any]]) -> pa.Table:
 
 
 def _finite(x: Any) -> Any:
-    return None if isinstance(x, float) and not math.isfinite(x) else x
+    """``x`` for JSON: a non-finite float (eps of a run that is not (eps, delta)-DP, a loss that
+    diverged) as null, which JSON has, instead of NaN or Infinity, which it has not."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
 
 
 def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, Any]:
@@ -55,7 +73,7 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
             "accuracy": evals[c].accuracy if c in evals else None,
             "loss": evals[c].loss if c in evals else None,
             "num_train": int(prep.dataset.train_sizes[c]),
-            "epsilon": eps[c],
+            "epsilon": _finite(eps[c]) if cfg.privacy.mode not in NOT_ACCOUNTED else None,
         }
         for c in range(len(truth))
     ]
@@ -70,10 +88,11 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
             pq.write_table(_table(rows), out / "leakage.parquet")
             plot_max_leakage(rows, truth, out / "leakage.png", rounds=len(history))
     pq.write_table(_table(clients), out / "clients.parquet")
-    ledger_rows = results["ledger_rows"] or [
-        {"client": None, "round": None, "mechanism": None, "params": None, "epsilon": None}
-    ]
-    pq.write_table(_table(ledger_rows), out / "privacy.parquet")
+    ledger_rows = results["ledger_rows"]
+    if ledger_rows:
+        pq.write_table(_table(ledger_rows), out / "privacy.parquet")
+    else:  # nothing charged: no rows (not one of nulls), the ledger's columns
+        pq.write_table(pa.schema(LEDGER_COLUMNS).empty_table(), out / "privacy.parquet")
 
     last_eval = next((r for r in reversed(history) if "accuracy" in r), {})
     summary = {
@@ -84,7 +103,7 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
         "rounds": len(history),
         "seed": cfg.seed,
         "privacy_mode": cfg.privacy.mode,
-        "epsilon": history[-1]["epsilon"] if history else 0.0,
+        "epsilon": _finite(history[-1]["epsilon"]) if history else None,
         "epsilon_budget": cfg.privacy.epsilon if cfg.privacy.mode != "none" else None,
         "delta": cfg.privacy.delta,
         "final_accuracy": last_eval.get("accuracy"),
@@ -110,7 +129,7 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
     if warning:  # said at the top, in words
         summary["warning"] = warning
     summary = json.loads(json.dumps(summary, default=_json_default), parse_constant=lambda c: None)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_finite))
+    (out / "summary.json").write_text(json.dumps(_finite(summary), indent=2, allow_nan=False))
     plot_run(out)
     return summary
 
@@ -155,8 +174,9 @@ def plot_run(run_dir: Path) -> None:
     fig.savefig(run_dir / "accuracy.png", dpi=100)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
-    if summary.get("privacy_mode") == "none":  # nothing accounted: eps is infinite, not 0
-        ax.text(0.5, 0.5, "no DP: eps = ∞", ha="center", va="center", transform=ax.transAxes)
+    if summary.get("privacy_mode") in NOT_ACCOUNTED:  # eps is not 0: it is not defined
+        text = "no DP: eps = ∞" if summary["privacy_mode"] == "none" else "metric DP: leakage.png"
+        ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
     else:
         ax.plot(m["round"], m["epsilon"], marker=".")
     ax.set_xlabel("round")

@@ -54,6 +54,9 @@ class PrivacyMode:
     name: ClassVar[str] = "none"
     trusted_server: ClassVar[bool] = True
     private: ClassVar[bool] = False
+    # whether the run is (eps, delta)-DP and its ledger's epsilon means something (none: no DP;
+    # dprivacy: metric DP, kept in its own ledger): else eps is written as missing, never as 0
+    accounts_epsilon: ClassVar[bool] = True
     central_noise: ClassVar[bool] = False  # the server noises sums (``noisy_sum``)
     secure_aggregation: ClassVar[bool] = False  # the server gets SecureSums, not messages
 

@@ -29,6 +29,7 @@ class MetricLocal(PrivacyMode):
     name = "dprivacy"
     trusted_server = False
     private = True
+    accounts_epsilon = False  # metric DP: its leakage is in the metric ledger
 
     def summary(self) -> dict[str, Any]:
         p = self.privacy

@@ -5,3 +5,4 @@ from raysim.modes.base import PrivacyMode
 
 class NoPrivacy(PrivacyMode):
     name = "none"
+    accounts_epsilon = False
