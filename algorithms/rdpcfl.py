@@ -40,12 +40,14 @@ from pydantic import Field
 
 from algorithms.clustered import ClusteredAlgorithm, ClusterState, SelectionParams
 from raysim.clustering import (
+    candidate_range,
     fit_gmm,
     prepare_features,
     sample_assignments,
     select_num_clusters,
     switch_round,
 )
+from raysim.config import ConfigError
 from raysim.planning import dpsgd_round_phase
 from raysim.privacy import Phase
 from raysim.protocol import Message, RoundPlan, ServerResult
@@ -68,6 +70,19 @@ class RDPCFLParams(SelectionParams):
 class RDPCFL(ClusteredAlgorithm):
     name = "rdpcfl"
     Params = RDPCFLParams
+
+    def __init__(self, env) -> None:
+        super().__init__(env)
+        candidates = self.params.num_clusters_candidates
+        if self.cfg.algorithm.num_clusters is None:  # M is chosen among them: one must be usable
+            try:
+                candidate_range(candidates, env.num_clients)
+            except ValueError:
+                raise ConfigError(
+                    f"algorithm.num_clusters_candidates={candidates}: M is chosen among them "
+                    f"(algorithm.num_clusters unset), so one must lie in [2, "
+                    f"{max(env.num_clients - 1, 2)}] for {env.num_clients} clients"
+                ) from None
 
     # -- privacy -----------------------------------------------------------------------------
     def dpsgd_schedule(self, n: int) -> list[Phase]:

@@ -338,3 +338,12 @@ def test_client_picks_the_model_that_fits_its_data_and_trains_it():
 def test_registry_has_every_algorithm():
     for name in ("rdpcfl", "ifca", "kmeans_cfl", "mr_mtl", "oracle", "fedavg", "local"):
         assert get_algorithm(name).name == name
+
+
+@pytest.mark.parametrize("candidates", ["[1]", "[]", "[50]"])
+def test_candidates_for_m_that_none_can_be_are_refused_before_the_run(candidates):
+    from raysim.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"num_clusters_candidates=.* lie in \[2, 4\] for 5"):
+        RDPCFL(env_for(f"algorithm.num_clusters_candidates={candidates}", sizes=(2, 3)))
+    RDPCFL(env_for(f"algorithm.num_clusters_candidates={candidates}", "algorithm.num_clusters=2"))
