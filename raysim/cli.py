@@ -348,7 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("raysim: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - a failure of the run, not of the input
-        print(f"raysim: run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        from raysim.rundir import error_text
+
+        print(f"raysim: run failed: {error_text(exc)}", file=sys.stderr)
         return 1
 
 

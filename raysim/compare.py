@@ -461,16 +461,26 @@ def run_all(
 
             started = ensure_ray(jobs[0].cfg.runtime)
             kept = kept_actors()
+        failed = []
         with kept:
             for job in jobs:
-                _run_job(job, out, inline, overwrite)
+                try:
+                    _run_job(job, out, inline, overwrite)
+                except ConfigError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - named, as with --jobs: the others go on
+                    from raysim.rundir import error_text
+
+                    label = f"{job.cfg.algorithm.name} seed {job.cfg.seed}"
+                    print(f"{label} failed: {error_text(exc)}", file=sys.stderr)
+                    failed.append(label)
     finally:
         if started:
             import ray
 
             ray.shutdown()
         zygote.release()
-    return []
+    return failed
 
 
 def _run_job(job: Job, out: Path, inline: bool, overwrite: bool, lines: bool = False) -> None:
@@ -554,8 +564,10 @@ def _run_job_apart(job: Job, out: Path, overwrite: bool) -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - reported, the other runs go on
+        from raysim.rundir import error_text
+
         label = f"{job.cfg.algorithm.name} seed {job.cfg.seed}"
-        print(f"{label} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        print(f"{label} failed: {error_text(exc)}", file=sys.stderr, flush=True)
         sys.exit(1)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import threading
@@ -201,9 +202,17 @@ def stopped_by_sigterm(exc: KeyboardInterrupt) -> bool:
     return exc.args == (signal.SIGTERM.name,)
 
 
+def error_text(exc: BaseException) -> str:
+    """The root cause in one line: Ray wraps an actor's exception in a RayTaskError whose text
+    is the remote traceback, with terminal colours."""
+    cause = getattr(exc, "cause", None) or exc
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", str(cause)).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
+
+
 def mark_interrupted(stage: Path, exc: BaseException) -> None:
     kind = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-    write_status(stage, status=kind, error=f"{type(exc).__name__}: {exc}".rstrip(": "))
+    write_status(stage, status=kind, error=error_text(exc))
 
 
 def commit(stage: Path, out: Path) -> None:

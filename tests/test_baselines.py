@@ -4,6 +4,7 @@ short end-to-end run of every algorithm through the in-process runner (no Ray)."
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -190,6 +191,31 @@ def test_compare_cli_reports_finished_runs(tmp_path, capsys):
     assert "| oracle | 1 | 2 |" in text and "1/1" in text  # ARI = 1 after round 1
     assert (tmp_path / "out" / "compare.md").read_text().strip() == text.strip()
     assert main([*argv[:3], "--seeds", "x", "--report-only"]) == 2
+
+
+def test_a_failing_run_of_compare_is_named_and_the_others_go_on(tmp_path, capsys, monkeypatch):
+    """One run by one (no --jobs): a run that fails is named in one line, the others still
+    run, the table is written, and the exit code is 1."""
+    from raysim.compare import main
+
+    (tmp_path / "failing_algo.py").write_text(
+        "from algorithms.fedavg import FedAvg\n\n\n"
+        "class Failing(FedAvg):\n"
+        "    def server_step(self, *args):\n"
+        "        raise RuntimeError('boom in server_step')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sets = small_config(rounds=1, **{"model.name": "linear"})
+    argv = [str(Path(__file__).parents[1] / "raysim" / "demo.yaml"), "--inline"]
+    argv += ["--algorithms", "failing_algo:Failing,fedavg", "--seeds", "0"]
+    argv += [a for s in sets for a in ("--set", s)] + ["--out", str(tmp_path / "out")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "failing_algo:Failing seed 0 failed: RuntimeError: boom in server_step" in err
+    assert "Traceback" not in err
+    assert (tmp_path / "out" / "fedavg" / "seed0" / "summary.json").is_file()
+    assert (tmp_path / "out" / "compare.md").is_file()
+    sys.modules.pop("failing_algo", None)
 
 
 def test_compare_inline_jobs_run_in_parallel_with_the_same_numbers(tmp_path, capfd):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.config import ConfigError
-from raysim.rundir import handlers_kept
+from raysim.rundir import error_text, handlers_kept
 from raysim.seeding import public_seed
 from tune.space import Sweep, load_sweep, trial_config
 
@@ -111,18 +111,11 @@ def trial_rows(grid: Any, sweep: Sweep) -> list[dict[str, Any]]:
                 "ari": m.get("ari"),
                 "accuracy_min": m.get("accuracy_min"),
                 "epsilon": m.get("epsilon"),
-                "error": None if result.error is None else _error_text(result.error),
+                "error": None if result.error is None else error_text(result.error),
                 "path": result.path,
             }
         )
     return rows
-
-
-def _error_text(error: BaseException) -> str:
-    """The root cause in one line (Tune wraps the trial's exception in a RayTaskError)."""
-    cause = getattr(error, "cause", None) or error
-    first = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {first[-1] if first else ''}".rstrip(": ")
 
 
 def size_to_cluster(sweep: Sweep, nodes: list[dict[str, float]]) -> None:
