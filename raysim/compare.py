@@ -376,21 +376,30 @@ def _job(cfg: Any, out: Path, overwrite: bool, resume: bool) -> Job | None:
             )
         rundir.check_target(target, overwrite)
         return Job(cfg, False)
+
+    def same_settings(run: Path) -> Any:  # cfg as the run in ``run`` was made, else refused
+        saved = load_config(run / "config.yaml") if (run / "config.yaml").is_file() else None
+        if saved is None:
+            return cfg
+        made = cfg
+        if cfg.privacy.client_seed is None:  # the one it drew and recorded
+            made = with_client_seed(cfg, saved.privacy.client_seed)
+        changed = changed_keys(dump_config(saved), dump_config(made))
+        if changed:
+            raise ConfigError(
+                f"--resume: {label} in {str(run)!r} was made with other settings "
+                f"({', '.join(changed)}): use the same config and --set values, or another --out"
+            )
+        return made
+
     if not stage.is_dir():
         if (target / "summary.json").is_file():
+            same_settings(target)
             print(f"raysim compare: {label}: finished, kept ({target})", file=sys.stderr)
             return None
         rundir.check_target(target, overwrite=False)  # anything else there: refused
         return Job(cfg, False)
-    saved = load_config(stage / "config.yaml") if (stage / "config.yaml").is_file() else None
-    if saved is not None and cfg.privacy.client_seed is None:  # the one it drew and recorded
-        cfg = with_client_seed(cfg, saved.privacy.client_seed)
-    changed = changed_keys(dump_config(saved), dump_config(cfg)) if saved else []
-    if changed:
-        raise ConfigError(
-            f"--resume: {label} in {str(stage)!r} was started with other settings "
-            f"({', '.join(changed)}): use the same config and --set values, or another --out"
-        )
+    cfg = same_settings(stage)
     done = rundir.unfinished(stage).rounds_done  # a staging directory: never None
     print(f"raysim compare: {label}: continuing after round {done}", file=sys.stderr)
     return Job(cfg, True)

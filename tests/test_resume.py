@@ -190,6 +190,9 @@ def test_compare_resume_continues_keeps_and_refuses(whole, tmp_path, capsys):
     assert compare_main([*_compare_argv(tmp_path, "table"), "--resume"]) == 0
     assert "finished, kept" in capsys.readouterr().err
     assert (run_dir / "summary.json").stat().st_mtime_ns == summary
+    assert compare_main([*changed, "--resume"]) == 2  # a finished one made otherwise: refused too
+    assert "made with other settings (training.lr)" in capsys.readouterr().err
+    assert (run_dir / "summary.json").stat().st_mtime_ns == summary
     assert compare_main([*_compare_argv(tmp_path, "other"), "--resume", "--overwrite"]) == 2
 
 
