@@ -16,9 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from raysim.config import ConfigError, ExperimentConfig, changed_keys, dump_config, load_config
+from raysim.config import (
+    DEMO_CONFIG,
+    ConfigError,
+    ExperimentConfig,
+    changed_keys,
+    dump_config,
+    load_config,
+)
 
-DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
 DEMO_ALGORITHMS = ("fedavg", "local", "rdpcfl")  # `raysim run` with no CONFIG: the demo
 
 

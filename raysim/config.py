@@ -28,6 +28,7 @@ from pydantic import (
 DATASETS = ("digits", "fmnist", "mnist", "synthetic_linear", "cifar10")
 SHIFTS = ("none", "rotation", "label_flip")
 PRIVACY_MODES = ("none", "sample", "client", "distributed", "dprivacy")  # raysim.modes
+DEMO_CONFIG = Path(__file__).with_name("demo.yaml")  # the default experiment
 
 
 class ConfigError(ValueError):

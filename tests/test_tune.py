@@ -18,7 +18,8 @@ from tune.space import load_sweep
 from tune.trainable import TRIAL_BUNDLE
 
 SWEEPS = sorted((Path(__file__).parents[1] / "tune" / "sweeps").glob("*.yaml"))
-TINY = [
+TINY = [  # over the demo, the base of a sweep file that names none
+    "algorithm.name=fedavg",
     "rounds=2",
     "data.dataset=digits",
     "data.num_clients=6",
@@ -110,6 +111,14 @@ def _draws(path: Path, overrides: list[str], num_samples: int = 3) -> list[dict]
     return [trial.config for trial in trials]
 
 
+def test_a_sweep_without_a_base_sweeps_the_demo(tmp_path):
+    """As `raysim run` without CONFIG runs the demo (not the built-in defaults)."""
+    path = tmp_path / "s.yaml"
+    path.write_text("space:\n  training.lr: {grid: [0.1]}\n")
+    demo = yaml.safe_load((Path(__file__).parents[1] / "raysim" / "demo.yaml").read_text())
+    assert load_sweep(path).base == demo
+
+
 def test_random_draws_follow_the_seed(tmp_path):
     """Same base seed, same hyperparameters tried (Tune's default draws from np.random)."""
     path = _write(
@@ -179,7 +188,8 @@ def test_sigterm_stops_a_sweep_and_says_how_to_resume(tmp_path):
 
     sweep = tmp_path / "sweep.yaml"
     space = {"privacy.epsilon": {"grid": [1, 8]}}
-    sweep.write_text(yaml.safe_dump({"name": "tiny", "set": [*TINY, "rounds=500"], "space": space}))
+    sets = [*TINY, "rounds=500"]
+    sweep.write_text(yaml.safe_dump({"name": "tiny", "set": sets, "space": space}))
     out = tmp_path / "out"
     proc = subprocess.Popen(
         [sys.executable, "-m", "raysim.cli", "sweep", str(sweep), "--out", str(out)],
@@ -198,6 +208,11 @@ def test_sigterm_stops_a_sweep_and_says_how_to_resume(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted with 2 trials unfinished" in err and "--resume" in err
     assert "Traceback" not in err
+    # a row for each trial that started, with its own values (not the base's for one that
+    # never started)
+    rows = pd.read_parquet(out / "trials.parquet")
+    assert 1 <= len(rows) <= 2 and set(rows["privacy.epsilon"]) <= {1, 8}
+    assert set(rows["epsilon_budget"]) <= {1, 8}
 
 
 def test_an_untrusted_servers_trials_keep_the_clients_apart(ray_session, tmp_path):

@@ -30,6 +30,7 @@ import yaml
 from pydantic import ValidationError
 
 from raysim.config import (
+    DEMO_CONFIG,
     ConfigError,
     apply_overrides,
     build_config,
@@ -101,9 +102,9 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
         raise ConfigError(
             f"sweep file: unknown keys {sorted(unknown)}; allowed: {sorted(TOP_KEYS)}"
         )
-    base: dict[str, Any] = {}
-    if raw.get("base"):
-        base = read_yaml_mapping((p.parent / raw["base"]).resolve(), "sweep base config")
+    # left out: the demo, as `raysim run` without CONFIG (not the built-in defaults)
+    base_path = (p.parent / raw["base"]).resolve() if raw.get("base") else DEMO_CONFIG
+    base = read_yaml_mapping(base_path, "sweep base config")
     sets = list(raw.get("set") or []) + list(overrides or [])
     base = apply_overrides(base, sets)
     build_config(yaml.safe_load(yaml.safe_dump(base)))  # the base alone must be valid

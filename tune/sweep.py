@@ -94,9 +94,14 @@ def _tuner(sweep: Sweep, args: argparse.Namespace, storage: Path):
 
 
 def trial_rows(grid: Any, sweep: Sweep) -> list[dict[str, Any]]:
+    """One row per trial that started. One an interruption kept from starting has no config
+    in the grid (its row would show the base's values as its own): it is left out, counted
+    among the unfinished, and `--resume` runs it."""
     rows = []
     for result in grid:
-        params = result.config or {}  # None for a trial that never started
+        if result.config is None:
+            continue
+        params = result.config
         cfg = trial_config(sweep.base, params)
         m = result.metrics or {}
         rows.append(
