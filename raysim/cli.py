@@ -287,7 +287,9 @@ def cmd_privacy(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     report = privacy_report(_prepare(cfg), schedule=args.json)
-    print(json.dumps(report) if args.json else format_report(report))
+    from raysim.rundir import json_safe  # JSON has no Infinity (eps without DP): null
+
+    print(json.dumps(json_safe(report), allow_nan=False) if args.json else format_report(report))
     return 0
 
 

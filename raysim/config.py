@@ -38,7 +38,9 @@ class ConfigError(ValueError):
 class ConfigModel(BaseModel):
     """pydantic's BaseModel, except that true/false is not a number: pydantic's lax mode reads
     ``rounds: true`` as 1 and ``lr: false`` as 0.0. The base of every config section and of the
-    algorithms' Params."""
+    algorithms' Params. Numbers are finite: ``privacy.epsilon: .inf`` is no budget."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -436,6 +438,10 @@ _BOUNDS = {
     "less_than_equal": "<=",
 }
 _TYPES = {
+    "int_type": "a whole number",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "finite_number": "a finite number",
     "int_parsing": "a whole number",
     "int_from_float": "a whole number",
     "float_parsing": "a number",
@@ -503,6 +509,22 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     return build_config(apply_overrides(raw, overrides or []))
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error: PyYAML
+    keeps the last one silently, so `rounds: 2` above `rounds: 3` ran 3 rounds unnoticed."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml_mapping(path: Path, what: str, holding: str = "") -> dict[str, Any]:
     """The mapping a YAML file holds; ConfigError naming ``what`` and the path otherwise (a
     directory, a missing file, not UTF-8, not YAML, not a mapping)."""
@@ -511,7 +533,7 @@ def read_yaml_mapping(path: Path, what: str, holding: str = "") -> dict[str, Any
     if not path.is_file():
         raise ConfigError(f"{what} {str(path)!r} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeys) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {exc}") from None
     except UnicodeDecodeError as exc:

@@ -11,6 +11,7 @@ it is unfinished. ``--out`` onto an existing run refuses unless the caller asks 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
@@ -200,6 +201,18 @@ def handlers_kept(*signums: int, only_python: bool = False) -> Iterator[None]:
 def stopped_by_sigterm(exc: KeyboardInterrupt) -> bool:
     """Whether ``exc`` came from SIGTERM (``stop_on_sigterm``) rather than Ctrl-C."""
     return exc.args == (signal.SIGTERM.name,)
+
+
+def json_safe(x: Any) -> Any:
+    """``x`` for JSON: a non-finite float (eps of a run that is not (eps, delta)-DP, a loss that
+    diverged) as null, which JSON has, instead of NaN or Infinity, which it has not."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [json_safe(v) for v in x]
+    return x
 
 
 def error_text(exc: BaseException) -> str:

@@ -109,3 +109,18 @@ def test_more_cluster_models_than_clients_is_refused():
         np.random.default_rng(0)
     )
     assert len(state.models) == 5
+
+
+def test_a_key_given_twice_and_numbers_that_are_not_finite_are_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("rounds: 2\nseed: 1\nrounds: 3\n")  # YAML would keep the last silently
+    with pytest.raises(ConfigError, match="key 'rounds' is given twice"):
+        load_config(path)
+    for override, message in [
+        ("privacy.epsilon=.inf", "privacy.epsilon: must be a finite number"),
+        ("training.lr=nan", "training.lr: must be a finite number"),
+        ("rounds=", "rounds: must be a whole number (got None)"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [override])
+        assert message in str(err.value)

@@ -47,3 +47,7 @@ def test_privacy_command_without_dp(capsys):
     sets = sum((["--set", s] for s in small_config(**{"privacy.mode": "none"})), [])
     assert main(["privacy", *sets]) == 0
     assert "eps = ∞" in capsys.readouterr().out
+    assert main(["privacy", *sets, "--json"]) == 0
+    text = capsys.readouterr().out  # JSON: no Infinity (which strict parsers refuse), null
+    report = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    assert report["epsilon"] is None

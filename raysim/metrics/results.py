@@ -4,7 +4,6 @@ summary.json and PNG plots. `raysim report` reads them back."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pyarrow.parquet as pq
 
 from raysim.config import dump_config
 from raysim.metrics.evaluation import diagnostics_summary
+from raysim.rundir import json_safe
 
 NOT_ACCOUNTED = ("none", "dprivacy")  # modes whose runs have no (eps, delta) (accounts_epsilon)
 # privacy.parquet's columns (PrivacyLedger.rows), also when nothing was charged
@@ -42,18 +42,6 @@ def _table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.table({k: [row.get(k) for row in rows] for k in keys})
 
 
-def _finite(x: Any) -> Any:
-    """``x`` for JSON: a non-finite float (eps of a run that is not (eps, delta)-DP, a loss that
-    diverged) as null, which JSON has, instead of NaN or Infinity, which it has not."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
-
-
 def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     cfg = prep.cfg
@@ -73,7 +61,7 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
             "accuracy": evals[c].accuracy if c in evals else None,
             "loss": evals[c].loss if c in evals else None,
             "num_train": int(prep.dataset.train_sizes[c]),
-            "epsilon": _finite(eps[c]) if cfg.privacy.mode not in NOT_ACCOUNTED else None,
+            "epsilon": json_safe(eps[c]) if cfg.privacy.mode not in NOT_ACCOUNTED else None,
         }
         for c in range(len(truth))
     ]
@@ -103,7 +91,7 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
         "rounds": len(history),
         "seed": cfg.seed,
         "privacy_mode": cfg.privacy.mode,
-        "epsilon": _finite(history[-1]["epsilon"]) if history else None,
+        "epsilon": json_safe(history[-1]["epsilon"]) if history else None,
         "epsilon_budget": cfg.privacy.epsilon if cfg.privacy.mode != "none" else None,
         "delta": cfg.privacy.delta,
         "final_accuracy": last_eval.get("accuracy"),
@@ -129,7 +117,7 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
     if warning:  # said at the top, in words
         summary["warning"] = warning
     summary = json.loads(json.dumps(summary, default=_json_default), parse_constant=lambda c: None)
-    (out / "summary.json").write_text(json.dumps(_finite(summary), indent=2, allow_nan=False))
+    (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False))
     plot_run(out)
     return summary
 
