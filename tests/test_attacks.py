@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -193,12 +194,17 @@ def test_attack_is_reproducible_and_dlg_learns_a_label() -> None:
         (["--methods", "gan"], "--methods"),
         (["--max-steps", "0"], "--max-steps"),
         (["--workers", "0"], "--workers"),
+        (["--images", "5-2"], "--images: the range '5-2' ends before it starts"),
+        (["--images", "0,0"], "--images: 0 given twice"),
+        (["--targets", "lenet,lenet"], "--targets: lenet given twice"),
+        (["--data-root", "/nonexistent/fmnist"], "--data-root '/nonexistent/fmnist' does not"),
     ],
 )
 def test_attack_cli_bad_input_exits_2(args, flag, capsys, tmp_path) -> None:
     assert main(["attack", "dlg", "--out", str(tmp_path), *args]) == 2
     err = capsys.readouterr().err
     assert flag in err and "Traceback" not in err
+    assert not Path("/nonexistent").exists()  # a missing --data-root is not made
 
 
 def test_attack_cli_writes_parquet_summary_and_grid(tmp_path, capsys) -> None:

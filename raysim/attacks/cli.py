@@ -22,7 +22,15 @@ def _nus(text: str) -> list[float]:
         raise ConfigError(
             f"--nu: expected comma-separated numbers >= 0 (0: no defence), got {text!r}"
         )
-    return nus
+    return _once("--nu", nus)
+
+
+def _once(flag: str, items: list) -> list:
+    """``items``, refused where one is given twice (its rows would count it twice)."""
+    twice = sorted({v for v in items if items.count(v) > 1}, key=str)
+    if twice:
+        raise ConfigError(f"{flag}: {', '.join(map(str, twice))} given twice")
+    return items
 
 
 def _images(text: str) -> list[int]:
@@ -35,9 +43,11 @@ def _images(text: str) -> list[int]:
             out = [int(v) for v in text.split(",") if v.strip()]
     except ValueError as exc:
         raise ConfigError(f"--images: expected 'A-B' or 'i,j,k', got {text!r}") from exc
+    if "-" in text and not out:
+        raise ConfigError(f"--images: the range {text!r} ends before it starts")
     if not out or min(out) < 0 or max(out) >= 10000:
         raise ConfigError(f"--images: indices must lie in [0, 10000), got {text!r}")
-    return out
+    return _once("--images", out)
 
 
 def _choices(flag: str, text: str, allowed: tuple[str, ...]) -> list[str]:
@@ -45,7 +55,7 @@ def _choices(flag: str, text: str, allowed: tuple[str, ...]) -> list[str]:
     bad = [v for v in items if v not in allowed]
     if not items or bad:
         raise ConfigError(f"{flag}: unknown {bad or text!r}; allowed: {', '.join(allowed)}")
-    return items
+    return _once(flag, items)
 
 
 def cmd_attack_dlg(args: argparse.Namespace) -> int:
@@ -63,6 +73,8 @@ def cmd_attack_dlg(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
+    if args.data_root is not None and not Path(args.data_root).expanduser().is_dir():
+        raise ConfigError(f"--data-root {args.data_root!r} does not exist")  # none is made
     out = (
         Path(args.out)
         if args.out
