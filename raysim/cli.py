@@ -236,6 +236,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from raysim.runtime.session import ensure_ray
 
     t0 = time.perf_counter()
+    # the directories this command makes (base, and runs/ above it the first time): removed
+    # again if it stops with them empty
+    made = [d for d in [base, *base.parents] if not d.exists()]
     started = ensure_ray(configs[0].runtime)  # one Ray session for all the runs
     try:
         with kept_actors():  # and one set of actors, renewed for each run
@@ -247,6 +250,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             import ray
 
             ray.shutdown()
+        for d in made:  # innermost first; e.g. a run refused once Ray was up
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
     _print_results(dirs, base / "comparison.png" if len(dirs) > 1 else None)
     print(f"{len(dirs)} run(s) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0

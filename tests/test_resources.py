@@ -79,7 +79,9 @@ def test_sweep_trials_are_sized_to_the_largest_node():
         ("runtime.actor_per_client=true", "runtime.actor_per_client=false"),  # 8 clients
     ],
 )
-def test_unplaceable_run_stops_at_once(ray_session, tmp_path, capsys, override, needle):
+def test_unplaceable_run_stops_at_once(
+    ray_session, tmp_path, capsys, monkeypatch, override, needle
+):
     out = tmp_path / "out"
     sets = sum((["--set", s] for s in small_config(rounds=1)), []) + ["--set", override]
     t0 = time.perf_counter()
@@ -88,3 +90,9 @@ def test_unplaceable_run_stops_at_once(ray_session, tmp_path, capsys, override, 
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
     assert not out.exists() and not list(tmp_path.iterdir())  # nothing left behind
+    # several runs into the default runs/NAME-TIME: not even that directory
+    capsys.readouterr()
+    many = ["run", "--algorithms", "fedavg,local", *sets]
+    monkeypatch.chdir(tmp_path)
+    assert main(many) == 2
+    assert needle in capsys.readouterr().err and not list(tmp_path.iterdir())
