@@ -267,6 +267,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         done, unfinished = rundir.find_runs(d)
         for u in unfinished:
             print(f"raysim: {u.describe()}", file=sys.stderr)
+        if not d.exists():
+            raise ConfigError(f"{str(d)!r} does not exist")
         if not done and not unfinished:
             raise ConfigError(f"{str(d)!r} holds no run (no summary.json in it or below it)")
         dirs += done
@@ -324,7 +326,7 @@ def parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=cmd_report)
 
     data = sub.add_parser("data", help="inspect the federated population")
-    dsub = data.add_subparsers(dest="data_command", required=True)
+    dsub = data.add_subparsers(dest="data_command", metavar="{describe}", required=True)
     desc = dsub.add_parser("describe", help="clients per cluster, samples, label histogram")
     with_config(desc)
     desc.set_defaults(func=cmd_data)

@@ -316,8 +316,10 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"{flag}: each at most once, got {getattr(args, flag[2:])!r}")
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out!r} is a file, not a directory")
-    if args.report_only and not (args.out and Path(args.out).is_dir()):
+    if args.report_only and not args.out:
         raise ConfigError("--report-only re-reads an earlier compare: give its --out DIR")
+    if args.report_only and not Path(args.out).is_dir():
+        raise ConfigError(f"--report-only: --out {args.out!r} does not exist")
     if args.jobs < 1 or (args.jobs > 1 and not args.inline):
         msg = f"--jobs: expected 1, or a count above 1 with --inline; got {args.jobs}"
         raise ConfigError(msg + ("" if args.inline else " without --inline"))

@@ -231,11 +231,16 @@ def mark_interrupted(stage: Path, exc: BaseException) -> None:
 def commit(stage: Path, out: Path) -> None:
     """Move the finished staging directory into place (rename; an old run is swapped out). The
     status goes; where the run ran (its stretches) stays, in summary.json."""
+    from raysim.runtime.checkpoint import CHECKPOINT
+
     stretches = read_status(stage).get("stretches")
     summary = stage / "summary.json"
     if stretches and summary.is_file():
         _write_json(summary, {**json.loads(summary.read_text()), "stretches": stretches}, indent=2)
     (stage / STATUS).unlink(missing_ok=True)
+    # a finished run is not continued (more rounds would not match the noise spent): its
+    # checkpoint is of no use, and can be large (89 MB for a ResNet-18 run)
+    (stage / CHECKPOINT).unlink(missing_ok=True)
     if out.exists():
         old = out.with_name(f"{out.name}.replaced-{os.getpid()}")
         os.replace(out, old)

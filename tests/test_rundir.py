@@ -133,6 +133,9 @@ def test_report_accepts_a_directory_of_runs(ray_session, tmp_path, capsys):
     assert metrics["epsilon"].isna().all()
     clients = pq.read_table(out / "fedavg" / "clients.parquet").to_pandas()
     assert clients["epsilon"].isna().all()
+    assert not (out / "fedavg" / "checkpoint.pkl").exists()  # a finished run is not continued
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert f"{str(tmp_path / 'nope')!r} does not exist" in capsys.readouterr().err
     ledger = pq.read_table(out / "fedavg" / "privacy.parquet")
     assert ledger.num_rows == 0 and "mechanism" in ledger.column_names
     # `wall s` is the rounds' own time, summed over them (a resumed run's earlier ones too)

@@ -121,7 +121,7 @@ def check_out(out: Path, overwrite: bool) -> None:
 
 def add_attack_parser(sub: argparse._SubParsersAction) -> None:
     attack = sub.add_parser("attack", help="gradient-inversion attacks on one client's gradient")
-    asub = attack.add_subparsers(dest="attack_command", required=True)
+    asub = attack.add_subparsers(dest="attack_command", metavar="{dlg}", required=True)
     dlg = asub.add_parser("dlg", help="DLG / iDLG on Fashion-MNIST test images, per noise level")
     dlg.add_argument("--targets", default="lenet", help="comma-separated: lenet, cnn")
     dlg.add_argument("--methods", default="idlg,dlg", help="comma-separated: dlg, idlg")

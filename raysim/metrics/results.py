@@ -144,20 +144,24 @@ def plot_run(run_dir: Path) -> None:
     import matplotlib.pyplot as plt
 
     summary, m = load_run(run_dir)
-    ev = m.dropna(subset=["accuracy"]) if "accuracy" in m else m.iloc[0:0]
+    # a regression task (synthetic_linear) has no accuracy: its test loss (MSE) instead
+    metric = "accuracy" if "accuracy" in m and m["accuracy"].notna().any() else "loss"
+    ev = m.dropna(subset=[metric]) if metric in m else m.iloc[0:0]
+    scale = 100 if metric == "accuracy" else 1
     fig, ax = plt.subplots(figsize=(6, 4))
     if len(ev):
-        ax.plot(ev["round"], 100 * ev["accuracy"], label="all clients", lw=2)
-        for col in sorted(c for c in m.columns if c.startswith("accuracy_cluster_")):
-            lbl = col.removeprefix("accuracy_")
-            ax.plot(ev["round"], 100 * ev[col], label=lbl, lw=1, alpha=0.8)
+        ax.plot(ev["round"], scale * ev[metric], label="all clients", lw=2)
+        for col in sorted(c for c in m.columns if c.startswith(f"{metric}_cluster_")):
+            lbl = col.removeprefix(f"{metric}_")
+            ax.plot(ev["round"], scale * ev[col], label=lbl, lw=1, alpha=0.8)
     ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylabel("test accuracy (%)" if metric == "accuracy" else "test loss")
     title = f"{summary['algorithm']} on {summary['dataset']}"
     if summary.get("warning"):
         title += f"\n({warning_label(summary['warning'])})"
     ax.set_title(title)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(run_dir / "accuracy.png", dpi=100)
     plt.close(fig)
