@@ -210,6 +210,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from raysim import rundir
     from raysim.experiment import prepare_apart
 
+    rundir.out_flag(args.out)
     demo = args.config is None
     named = any(item.startswith("algorithm.name=") for item in args.set or [])
     default = DEMO_ALGORITHMS if demo and not named else []

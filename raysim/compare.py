@@ -316,6 +316,14 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"{flag}: each at most once, got {getattr(args, flag[2:])!r}")
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out!r} is a file, not a directory")
+    for item in args.set or []:  # --seeds and --algorithms would override them unseen
+        key = item.split("=", 1)[0].strip()
+        if key in ("seed", "algorithm.name"):
+            flag = "--seeds" if key == "seed" else "--algorithms"
+            raise ConfigError(f"--set {key}: compare sets it from {flag}; give it there")
+    from raysim.rundir import out_flag
+
+    out_flag(args.out)
     if args.report_only and not args.out:
         raise ConfigError("--report-only re-reads an earlier compare: give its --out DIR")
     if args.report_only and not Path(args.out).is_dir():

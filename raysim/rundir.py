@@ -203,6 +203,13 @@ def stopped_by_sigterm(exc: KeyboardInterrupt) -> bool:
     return exc.args == (signal.SIGTERM.name,)
 
 
+def out_flag(value: str | None) -> str | None:
+    """``--out`` as given: None when left out; an empty one is a mistake (not the default)."""
+    if value is not None and not value.strip():
+        raise ConfigError("--out: give a directory (it is empty)")
+    return value
+
+
 def json_safe(x: Any) -> Any:
     """``x`` for JSON: a non-finite float (eps of a run that is not (eps, delta)-DP, a loss that
     diverged) as null, which JSON has, instead of NaN or Infinity, which it has not."""

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -11,6 +12,8 @@ from conftest import small_config
 
 from raysim.cli import main
 from raysim.metrics.results import RESULT_FILES
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
@@ -46,6 +49,23 @@ def test_bad_input_exits_2_naming_the_field(args, field, capsys, tmp_path):
     assert field in err
     assert "Traceback" not in err
     assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--out", ""], "--out: give a directory (it is empty)"),
+        (["sweep", "tune/sweeps/rdpcfl_m_candidates.yaml", "--out", " "], "--out: give a"),
+        (["attack", "dlg", "--out", ""], "--out: give a directory"),
+        (["compare", "raysim/demo.yaml", "--out", ""], "--out: give a directory"),
+        (["compare", "raysim/demo.yaml", "--set", "seed=3"], "compare sets it from --seeds"),
+        (["compare", "raysim/demo.yaml", "--set", "algorithm.name=ifca"], "from --algorithms"),
+    ],
+)
+def test_an_empty_out_and_keys_compare_sets_itself_are_refused(argv, message, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_missing_config_file_and_bad_yaml(tmp_path, capsys):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.config import ConfigError
-from raysim.rundir import error_text, handlers_kept
+from raysim.rundir import error_text, handlers_kept, out_flag
 from raysim.seeding import public_seed
 from tune.space import Sweep, load_sweep, trial_config
 
@@ -210,7 +210,7 @@ def sweep_main(args: argparse.Namespace) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     sweep = load_sweep(args.sweep, list(args.set or []))  # user mistakes fail before Ray
-    out = Path(args.out or Path("runs") / f"sweep-{sweep.name}").resolve()
+    out = Path(out_flag(args.out) or Path("runs") / f"sweep-{sweep.name}").resolve()
     check_out(out, args)
     from raysim.runtime import zygote
 

@@ -75,9 +75,11 @@ def cmd_attack_dlg(args: argparse.Namespace) -> int:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
     if args.data_root is not None and not Path(args.data_root).expanduser().is_dir():
         raise ConfigError(f"--data-root {args.data_root!r} does not exist")  # none is made
+    from raysim.rundir import out_flag
+
     out = (
         Path(args.out)
-        if args.out
+        if out_flag(args.out)
         else Path("runs") / f"attack-dlg-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     check_out(out, args.overwrite)
