@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 import ray
 
 from raysim.runtime import local_ray
@@ -42,16 +43,6 @@ def test_the_daemons_are_out_of_the_drivers_process_group(ray_session) -> None:
     assert children and all(os.getpgid(pid) != os.getpgrp() for pid in children)
 
 
-def test_own_process_group_puts_rays_popen_back() -> None:
-    from ray._private import services
-
-    before = services.ConsolePopen
-    with own_process_group() as applied:
-        assert applied
-        assert services.ConsolePopen is not before
-    assert services.ConsolePopen is before
-
-
 def test_lean_head_puts_the_start_methods_back() -> None:
     from ray._private.node import Node
 
@@ -62,14 +53,17 @@ def test_lean_head_puts_the_start_methods_back() -> None:
     assert {name: Node.__dict__[name] for name in SKIPPED} == before
 
 
-def test_prompt_node_lookup_puts_rays_lookup_back() -> None:
+@pytest.mark.parametrize(
+    ("patch", "name"), [(prompt_node_lookup, "get_node"), (own_process_group, "ConsolePopen")]
+)
+def test_a_patch_of_rays_services_is_put_back(patch, name) -> None:
     from ray._private import services
 
-    before = services.get_node
-    with prompt_node_lookup() as prompt:
-        assert prompt
-        assert services.get_node is not before
-    assert services.get_node is before
+    before = getattr(services, name)
+    with patch() as applied:
+        assert applied
+        assert getattr(services, name) is not before
+    assert getattr(services, name) is before
 
 
 def test_background_agents_puts_rays_functions_back() -> None:
