@@ -316,11 +316,11 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"{flag}: each at most once, got {getattr(args, flag[2:])!r}")
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out!r} is a file, not a directory")
-    for item in args.set or []:  # --seeds and --algorithms would override them unseen
+    for item in args.set or []:  # --seeds and --algorithms replace them: said, not unseen
         key = item.split("=", 1)[0].strip()
         if key in ("seed", "algorithm.name"):
             flag = "--seeds" if key == "seed" else "--algorithms"
-            raise ConfigError(f"--set {key}: compare sets it from {flag}; give it there")
+            print(f"raysim compare: --set {item.strip()}: replaced by {flag}", file=sys.stderr)
     from raysim.rundir import out_flag
 
     out_flag(args.out)
