@@ -253,3 +253,22 @@ def test_an_interrupt_says_whether_sigterm_sent_it():
         signal.signal(signal.SIGINT, saved[1])
     assert rundir.stopped_by_sigterm(by_kill.value)
     assert not rundir.stopped_by_sigterm(KeyboardInterrupt())  # Ctrl-C's
+
+
+def test_a_regression_runs_table_shows_its_test_loss(tmp_path):
+    """A regression task has no accuracy: its row shows the test loss instead, and a
+    classification run's table gets no such column."""
+    import pyarrow as pa
+
+    from raysim.metrics.report import table_rows
+
+    def run(name, final):
+        path = tmp_path / name
+        _fake_run(path, algorithm=name, rounds=3, privacy_mode="none", final=final)
+        pq.write_table(pa.table({"round": [1, 2, 3]}), path / "metrics.parquet")
+        return path
+
+    header, rows = table_rows([run("regression", {"loss": 1.23456})])
+    assert "test loss" in header and rows[0][header.index("test loss")] == "1.235"
+    header, _ = table_rows([run("classes", {"accuracy": 0.5, "loss": 0.7})])
+    assert "test loss" not in header and "All %" in header

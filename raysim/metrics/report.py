@@ -24,6 +24,7 @@ COLUMNS = (
     ("majority %", "accuracy_majority", "pct"),
     ("minority %", "accuracy_minority", "pct"),
     ("worst client %", "accuracy_min", "pct"),
+    ("test loss", "regression_loss", "{:.4g}"),  # a regression task's, which has no accuracy
     ("ARI", "ari", "{:.2f}"),
     ("M", "num_clusters", "{}"),
     ("eps spent", "epsilon", "eps"),
@@ -60,6 +61,8 @@ def table_rows(run_dirs: Sequence[Path]) -> tuple[list[str], list[list[str]]]:
         summary, _ = load_run(Path(d))
         values = {**summary.get("final", {}), **summary}
         values.setdefault("rounds_seconds", summary.get("wall_seconds"))  # runs before it
+        if values.get("accuracy") is None:
+            values["regression_loss"] = values.get("loss")
         label = str(d) + (" (cluster identifiers not private)" if summary.get("warning") else "")
         rows.append([label] + [_cell(fmt, values.get(key), summary) for _, key, fmt in COLUMNS])
     header = ["run"] + [name for name, _, _ in COLUMNS]
