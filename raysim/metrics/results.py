@@ -15,7 +15,6 @@ from raysim.config import dump_config
 from raysim.metrics.evaluation import diagnostics_summary
 from raysim.rundir import json_safe
 
-NOT_ACCOUNTED = ("none", "dprivacy")  # modes whose runs have no (eps, delta) (accounts_epsilon)
 # privacy.parquet's columns (PrivacyLedger.rows), also when nothing was charged
 LEDGER_COLUMNS = [
     ("client", pa.int64()),
@@ -61,7 +60,9 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
             "accuracy": evals[c].accuracy if c in evals else None,
             "loss": evals[c].loss if c in evals else None,
             "num_train": int(prep.dataset.train_sizes[c]),
-            "epsilon": json_safe(eps[c]) if cfg.privacy.mode not in NOT_ACCOUNTED else None,
+            "epsilon": json_safe(eps[c])
+            if accounts_epsilon(prep.privacy_summary, cfg.privacy.mode)
+            else None,
         }
         for c in range(len(truth))
     ]
@@ -136,6 +137,12 @@ def load_run(run_dir: Path) -> tuple[dict[str, Any], Any]:
     return summary, metrics
 
 
+def accounts_epsilon(privacy_summary: dict[str, Any], mode: str | None) -> bool:
+    """Whether the run's mode is (eps, delta)-DP (``PrivacyMode.accounts_epsilon``, in its
+    privacy summary); a run written before the summary said so: unless it had no DP."""
+    return bool(privacy_summary.get("accounts_epsilon", mode != "none"))
+
+
 def plot_run(run_dir: Path) -> None:
     """accuracy.png (all clients and per true cluster) and epsilon.png (spent per round)."""
     import matplotlib
@@ -166,8 +173,9 @@ def plot_run(run_dir: Path) -> None:
     fig.savefig(run_dir / "accuracy.png", dpi=100)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
-    if summary.get("privacy_mode") in NOT_ACCOUNTED:  # eps is not 0: it is not defined
-        text = "no DP: eps = ∞" if summary["privacy_mode"] == "none" else "metric DP: leakage.png"
+    mode = summary.get("privacy_mode")
+    if not accounts_epsilon(summary.get("privacy", {}), mode):  # eps is not 0: not defined
+        text = "no DP: eps = ∞" if mode == "none" else "metric DP: leakage.png"
         ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
     else:
         ax.plot(m["round"], m["epsilon"], marker=".")

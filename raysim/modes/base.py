@@ -70,7 +70,7 @@ class PrivacyMode:
     # -- before the run ------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         """Calibrated noise and the trust model, for `raysim privacy` and the run summary."""
-        return {"trusted_server": self.trusted_server}
+        return {"trusted_server": self.trusted_server, "accounts_epsilon": self.accounts_epsilon}
 
     # -- client side ---------------------------------------------------------------------------
     def train_overrides(self, client: int) -> dict[str, Any]:
