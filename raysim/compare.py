@@ -24,7 +24,6 @@ import contextlib
 import copy
 import json
 import math
-import pickle
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -112,6 +111,7 @@ def run_inline(
         split_checkpoint,
         write_partial_metrics,
     )
+    from raysim.runtime.client_side import read_snapshot
 
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
@@ -132,7 +132,7 @@ def run_inline(
             if loop.clients is not None:
                 loop.clients.restore(clients_blob, done)
             elif clients_blob is not None:
-                loop.client_states.update(pickle.loads(clients_blob))
+                loop.client_states.update(read_snapshot(clients_blob)[0])
         while done < cfg.rounds:
             row = loop.step()
             done += 1

@@ -6,9 +6,11 @@ they draw from their own seed, which its process never holds; it trains no clien
 
 from __future__ import annotations
 
+import copy
 import gc
 import os
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -79,6 +81,40 @@ class CuriousFedAvg(FedAvg):
         return result
 
 
+class DeviatingFedAvg(FedAvg):
+    """FedAvg whose server step deviates from the protocol. From its own process, through the
+    round loop's hand-out to the workers, it asks the clients for round 1 again as it was, for
+    round 1 from another broadcast (two releases sharing their noise), for a round the run does
+    not have, and for round 2 at half the planned noise; then the run goes on."""
+
+    name = "deviating_fedavg"
+
+    def server_step(self, state, plan, reports, rng):
+        result = super().server_step(state, plan, reports, rng)
+        if plan.round != 1:
+            return result
+        loop = next(o for o in gc.get_objects() if type(o).__name__ == "RoundLoop")
+
+        def ask(round: int, models: list, tasks: list) -> int:
+            """1: served; 0: refused by the clients; -1: failed otherwise."""
+            try:
+                loop.execute("train", round, list(models), copy.deepcopy(tasks))
+                return 1
+            except Exception as exc:
+                return 0 if "ReleaseRefused" in str(exc) else -1
+
+        half = [
+            replace(t, train=replace(t.train, dp_noise_multiplier=t.train.dp_noise_multiplier / 2))
+            for t in plan.tasks
+        ]
+        moved = [m + 0.01 for m in plan.models]
+        result.metrics["probe_same"] = ask(1, plan.models, plan.tasks)
+        result.metrics["probe_moved"] = ask(1, moved, plan.tasks)
+        result.metrics["probe_invented"] = ask(self.cfg.rounds + 1, plan.models, plan.tasks)
+        result.metrics["probe_less_noise"] = ask(2, plan.models, half)
+        return result
+
+
 @pytest.fixture(scope="module", autouse=True)
 def probe_by_value():
     """Ray's workers cannot import the test modules: the probe travels by value."""
@@ -135,3 +171,18 @@ def test_the_server_cannot_take_the_dp_sgd_noise_off_without_the_clients_seed(
     _, _, exposed = attack(tmp_path, "same_as_seed")
     assert max(exposed) < 1e-4, exposed
     assert np.isfinite(errors).all()
+
+
+def test_the_clients_refuse_a_server_that_deviates_from_the_protocol(ray_session, tmp_path):
+    """raysim.modes.device on Ray: the workers and the clients' side refuse what the protocol
+    does not hold, and serve what it does (the check can fail: the same request is served)."""
+    sets = [s for s in SETS if not s.startswith("rounds=")] + ["rounds=2"]
+    cfg = for_algorithm(load_config(None, [*sets, f"privacy.client_seed={MASKED_SEED ^ MASK}"]))
+    prep = prepare(cfg, DeviatingFedAvg, Environment)
+    res = run_prepared(prep, tmp_path / "deviating")
+    first = res["history"][0]
+    assert first["probe_same"] == 1  # a piece run again: the same bits, served
+    assert first["probe_moved"] == 0  # round 1 again, from another broadcast
+    assert first["probe_invented"] == 0  # round 3 of a 2-round run
+    assert first["probe_less_noise"] == 0  # round 2 at half the planned noise
+    assert len(res["history"]) == 2  # round 2 as planned was served: the refusal kept nothing

@@ -140,6 +140,10 @@ class PrivacyMode:
         """Metric (d-privacy) leakage of one release (0: this mode's costs are DpEvents)."""
         return 0.0
 
+    def releases_per_client(self, dim: int) -> int | None:
+        """How many rounds a client may release in, at most (None: every round of the run)."""
+        return None
+
     def leakages(self, reports: list[ClientReport]) -> list[tuple[ClientReport, Any]]:
         """The metric leakage records on the reports (``dprivacy``)."""
         return []

@@ -22,6 +22,7 @@ import torch
 
 from raysim.modes.base import PrivacyMode, refuse
 from raysim.privacy import MetricLeakage, Released, d_privacy_epsilon, laplace_euclidean
+from raysim.privacy.metric_ledger import MetricLedger
 from raysim.protocol import ClientReport
 
 
@@ -38,6 +39,18 @@ class MetricLocal(PrivacyMode):
     def release_leakage(self, dim: int) -> float:
         """What one release costs, known before it happens: eps * ||delta|| = n / nu."""
         return dim / self.privacy.nu
+
+    def releases_per_client(self, dim: int) -> int | None:
+        """Under ``privacy.leakage_cap``, the releases a client makes before its next would
+        cross the cap, added up as the metric ledger adds them (the clients' own count,
+        ``modes.device``)."""
+        if self.privacy.leakage_cap is None:
+            return None
+        ledger, count = MetricLedger(self.privacy.leakage_cap), 0
+        while count < self.cfg.rounds and not ledger.would_exceed(0, self.release_leakage(dim)):
+            count += 1
+            ledger.record(0, count, dim, self.privacy.nu)
+        return count
 
     def release_update(
         self, report: ClientReport, task: Any, result: Any, ctx: Any, slot: int | None = None

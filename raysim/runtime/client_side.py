@@ -9,6 +9,9 @@ standing for the clients' devices and the secure-aggregation protocol they submi
 
 * the workers fetch the states of a piece's clients before running it and hand back the new
   states and the contributions after (``states``, ``keep``), presenting the run's client key;
+  to train, each client is admitted to the round first (``admit``): this is the devices' memory
+  of what they trained, which keeps a server from having a round trained twice on other inputs
+  (``modes.device``);
 * the server may only ask for the noisy per-slot sums of the members it names
   (``secure_sums``: their noise drawn here, from the clients' seed), and for a new worker in
   place of a lost one (``new_worker``: the worker is built here, with the key and the clients'
@@ -71,6 +74,8 @@ class ClientSide:
         self._states: dict[int, list[tuple[int, Any]]] = {}
         self._snapshot_round = 0
         self._deposits: dict[int, dict[int, SecureContribution]] = {}  # round -> client -> input
+        # client -> round -> what it trained that round from: the devices' memory (modes.device)
+        self._served: dict[int, dict[int, bytes]] = {}
 
     def _check(self, key: bytes) -> None:
         if not hmac.compare_digest(key, self._key):
@@ -78,8 +83,50 @@ class ClientSide:
 
     # -- the workers -------------------------------------------------------------------------
     def states(self, key: bytes, clients: list[int]) -> dict[int, Any]:
+        """The clients' newest states (what an evaluation reads)."""
         self._check(key)
         return {c: self._states[c][-1][1] for c in clients if c in self._states}
+
+    def admit(
+        self, key: bytes, round: int, requests: dict[int, bytes], limit: int | None = None
+    ) -> tuple[dict[int, Any], list[int]]:
+        """The states the clients train ``round`` from (the newest written before it), once
+        each is admitted, and the clients admitted to it for the first time. What decides a
+        client's output (its request, ``modes.device.request_digest``, with its state) is
+        recorded: a client trains a round once, or again from the same request and state, which
+        gives the same bits (``modes.device``: two releases of a round on other inputs would
+        cancel its noise); of two pieces of a client's round at once, the second is refused.
+        ``limit``: the most rounds a client may train in (its mode's cap)."""
+        from raysim.modes.device import ReleaseRefused, state_digest  # torch: not in the driver
+
+        self._check(key)
+        states = {c: self._state_before(c, round) for c in requests}
+        served = {c: state_digest(d, states[c]) for c, d in requests.items()}
+        again = [c for c, d in served.items() if self._served.get(c, {}).get(round, d) != d]
+        if again:
+            raise ReleaseRefused(
+                f"round {round}: clients {sorted(again)[:10]} were asked to train it again on "
+                "other inputs; a client trains a round once"
+            )
+        new = [c for c in served if round not in self._served.get(c, {})]
+        over = [c for c in new if limit is not None and len(self._served.get(c, {})) >= limit]
+        if over:
+            why = f"they trained the {limit} rounds their leakage cap allows"
+            raise ReleaseRefused(f"round {round}: clients {sorted(over)[:10]}: {why}")
+        for c, d in served.items():
+            self._served.setdefault(c, {})[round] = d
+        return {c: s for c, s in states.items() if s is not None}, new
+
+    def withdraw(self, key: bytes, round: int, clients: list[int]) -> None:
+        """Forget the admission of clients whose piece released nothing (their worker refused
+        its releases, or failed): what they trained never left them."""
+        self._check(key)
+        for c in clients:
+            self._served.get(c, {}).pop(round, None)
+
+    def _state_before(self, client: int, round: int) -> Any:
+        versions = [s for r, s in self._states.get(client, []) if r < round]
+        return versions[-1] if versions else None
 
     def keep(
         self,
@@ -143,7 +190,7 @@ class ClientSide:
 
     # -- the driver ------------------------------------------------------------------------------
     def snapshot(self, key: bytes, round: int) -> bytes:
-        """The clients' states as they were after ``round``."""
+        """The clients' states as they were after ``round``, and what they trained up to it."""
         self._check(key)
         self._snapshot_round = max(self._snapshot_round, round)
         out = {}
@@ -152,16 +199,30 @@ class ClientSide:
             if done:
                 out[c] = done[-1][1]
             self._states[c] = self._since_snapshot(versions)
-        return pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+        served = {c: {r: d for r, d in rs.items() if r <= round} for c, rs in self._served.items()}
+        return pickle.dumps({"states": out, "served": served}, protocol=pickle.HIGHEST_PROTOCOL)
 
     def restore(self, key: bytes, blob: bytes | None, round: int) -> None:
-        """Back to the states of a snapshot after ``round`` (None: a run from round 1)."""
+        """Back to the states of a snapshot after ``round`` (None: a run from round 1). What the
+        clients trained is not forgotten: the rounds after it run again from the same requests
+        (a snapshot written before the clients kept it holds the states alone)."""
         self._check(key)
-        states = pickle.loads(blob) if blob is not None else {}
+        states, served = read_snapshot(blob) if blob is not None else ({}, {})
+        for c, rounds in served.items():
+            self._served[c] = {**rounds, **self._served.get(c, {})}
         self._states = {c: [(round, s)] for c, s in states.items()}
         self._snapshot_round = round
         self._deposits.clear()
         self._summed = {r for r in self._summed if r <= round}  # the later ones run again
+
+
+def read_snapshot(blob: bytes) -> tuple[dict[int, Any], dict[int, dict[int, bytes]]]:
+    """(states, what the clients trained) of a ``ClientSide.snapshot``; one written before the
+    clients kept the second holds the states alone."""
+    snap = pickle.loads(blob)
+    if "states" in snap:
+        return snap["states"], snap["served"]
+    return snap, {}
 
 
 class OnRay:
@@ -174,6 +235,16 @@ class OnRay:
         import ray
 
         return ray.get(self.actor.states.remote(key, clients))
+
+    def admit(self, key: bytes, round: int, requests: dict, limit: int | None) -> tuple:
+        import ray
+
+        return ray.get(self.actor.admit.remote(key, round, requests, limit))
+
+    def withdraw(self, key: bytes, round: int, clients: list[int]) -> None:
+        import ray
+
+        ray.get(self.actor.withdraw.remote(key, round, clients))
 
     def keep(self, key: bytes, round: int, states: dict, contributions: dict) -> None:
         import ray

@@ -82,8 +82,27 @@ class ClientWorker(Renewable):
         import torch
 
         broadcast = [torch.from_numpy(np.array(m, copy=True)) for m in models]
-        if self.client_side is not None:
-            self._fetch_states(groups)
+        if self.client_side is None:
+            return self._run(kind, round, broadcast, groups)
+        from raysim.modes.device import vet_releases
+
+        new = self._fetch_states(kind, round, models, groups)
+        try:
+            out = self._run(kind, round, broadcast, groups)
+            if kind == "train":
+                may_select = self.algorithm.may_select(round)
+                vet_releases(self.algorithm.privacy, round, out, may_select)
+                self._hand_back(round, out)
+        except Exception:
+            if new:  # nothing of theirs left: the round is still theirs to train
+                side, key = self.client_side
+                side.withdraw(key, round, new)
+            raise
+        return out
+
+    def _run(
+        self, kind: str, round: int, broadcast: list[torch.Tensor], groups: list[list[ClientTask]]
+    ) -> list[Any]:
         out: list[Any] = []
         for group in groups:
             ctxs = [
@@ -100,17 +119,31 @@ class ClientWorker(Renewable):
                 continue
             step = self.algorithm.client_step if kind == "train" else self.algorithm.client_evaluate
             out.extend(step(t, c) for t, c in zip(group, ctxs, strict=True))
-        if self.client_side is not None and kind == "train":
-            self._hand_back(round, out)
         return out
 
-    def _fetch_states(self, groups: list[list[ClientTask]]) -> None:
+    def _fetch_states(
+        self, kind: str, round: int, models: np.ndarray, groups: list[list[ClientTask]]
+    ) -> list[int]:
+        """The clients' states, from the clients' side (a state the server sent is not
+        theirs); to train, once the devices admit the round (``modes.device``): then the
+        clients admitted to it for the first time."""
+        from raysim.modes.device import broadcast_digest, check_round, request_digest
+
         side, key = self.client_side  # type: ignore[misc]
-        tasks = [t for g in groups for t in g if t.state is None]
-        if tasks:
+        tasks, new = [t for g in groups for t in g], []
+        if kind == "train":
+            check_round(round, self.algorithm.cfg.rounds)
+            sent = broadcast_digest(models)
+            requests = {t.client_id: request_digest(sent, t) for t in tasks}
+            limit = (
+                self.algorithm.privacy.releases_per_client(models[0].size) if len(models) else None
+            )
+            states, new = side.admit(key, round, requests, limit)
+        else:
             states = side.states(key, [t.client_id for t in tasks])
-            for t in tasks:
-                t.state = states.get(t.client_id)
+        for t in tasks:
+            t.state = states.get(t.client_id)
+        return new
 
     def _hand_back(self, round: int, reports: list[Any]) -> None:
         """The new states and the secure inputs go to the clients' side; the reply keeps only
