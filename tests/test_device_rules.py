@@ -95,11 +95,15 @@ def test_a_client_trains_a_round_once_or_again_from_the_same_request():
     assert len(clients.train(2, models=moved)) == len(first)
 
 
-def test_a_client_trains_no_round_outside_the_run():
+def test_a_client_trains_no_round_outside_the_run_nor_twice_in_one_piece():
     clients = Clients(prep_for())
     for round in (0, 4):
         with pytest.raises(ReleaseRefused, match=r"rounds 1\.\.3"):
             clients.train(round)
+    first = clients.plan.tasks[0]
+    twice = [first, replace(first, cluster=1)]
+    with pytest.raises(ReleaseRefused, match="two tasks in one piece"):
+        clients.train(1, tasks=twice)
 
 
 @pytest.mark.parametrize(

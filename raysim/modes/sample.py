@@ -3,6 +3,13 @@
 Everything a client sends is a release charged to its own ledger: its update (the DP-SGD output,
 event from the steps that actually ran) and any cluster choice it made (the exponential
 mechanism). A cluster index equal to the one the server assigned is the server's own knowledge.
+
+Adjacency: zero-out (one of the client's samples replaced by one whose gradient is zero), under
+which the Poisson-sampled Gaussian bounds Opacus and dp_accounting compute for add/remove-one
+hold for DP-SGD with its fixed denominator q * n (Kairouz et al. 2021, DP-FTRL; Ponomareva et al.
+2023, "How to DP-fy ML"). A client's dataset size n is the same in neighbouring datasets: the
+calibration's noise per train size, and the ``num_samples`` a report carries, release nothing
+about any sample.
 """
 
 from __future__ import annotations

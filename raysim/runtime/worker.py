@@ -127,7 +127,12 @@ class ClientWorker(Renewable):
         """The clients' states, from the clients' side (a state the server sent is not
         theirs); to train, once the devices admit the round (``modes.device``): then the
         clients admitted to it for the first time."""
-        from raysim.modes.device import broadcast_digest, check_round, request_digest
+        from raysim.modes.device import (
+            ReleaseRefused,
+            broadcast_digest,
+            check_round,
+            request_digest,
+        )
 
         side, key = self.client_side  # type: ignore[misc]
         tasks, new = [t for g in groups for t in g], []
@@ -135,6 +140,8 @@ class ClientWorker(Renewable):
             check_round(round, self.algorithm.cfg.rounds)
             sent = broadcast_digest(models)
             requests = {t.client_id: request_digest(sent, t) for t in tasks}
+            if len(requests) < len(tasks):  # two tasks of one client: two releases of its round
+                raise ReleaseRefused(f"round {round}: a client was given two tasks in one piece")
             limit = (
                 self.algorithm.privacy.releases_per_client(models[0].size) if len(models) else None
             )
