@@ -229,7 +229,8 @@ class PINA(FederatedAlgorithm):
         if phase == "train":
             return self.train_step(task, ctx)
         u, n, state = self.base_update(task, ctx)
-        report = ClientReport(task.client_id, None, n, state=state)
+        secure = self.privacy.secure_aggregation  # then a client's size stays with it
+        report = ClientReport(task.client_id, None, 0 if secure else n, state=state)
         if phase == "sketch":
             if self.privacy.secure_aggregation:
                 rng = ctx.rng("sketch_noise")

@@ -360,9 +360,10 @@ def test_a_client_key_is_needed_to_read_the_clients_side(ray_session):
     key = client_key()
     side = ray.remote(ClientSide).options(num_cpus=0).remote(key, {}, (), True, 7)
     ray.get(side.keep.remote(key, 1, {3: "state"}, {}), timeout=RAY_TIMEOUT_S)
-    assert ray.get(side.states.remote(key, [3, 4]), timeout=RAY_TIMEOUT_S) == {3: "state"}
+    newest = side.admit.remote(key, "evaluate", 1, {3: b"", 4: b""})
+    assert ray.get(newest, timeout=RAY_TIMEOUT_S) == ({3: "state"}, [3, 4])
     with pytest.raises(PermissionError):
-        ray.get(side.states.remote(client_key(), [3]), timeout=RAY_TIMEOUT_S)
+        ray.get(side.admit.remote(client_key(), "evaluate", 1, {3: b""}), timeout=RAY_TIMEOUT_S)
     with pytest.raises(PermissionError):
         ray.get(side.snapshot.remote(b"", 1), timeout=RAY_TIMEOUT_S)
     ray.kill(side)
@@ -377,11 +378,11 @@ def test_a_snapshot_is_the_states_after_its_round_even_when_the_next_round_wrote
     side.keep(key, 2, {0: "a2"}, {})  # round 2's workers wrote before round 1's snapshot came
 
     assert read_snapshot(side.snapshot(key, 1))[0] == {0: "a1", 1: "b1"}
-    assert side.states(key, [0, 1]) == {0: "a2", 1: "b1"}
+    assert side.admit(key, "evaluate", 2, {0: b"", 1: b""})[0] == {0: "a2", 1: "b1"}
     side.keep(key, 3, {0: "a3"}, {})
     assert read_snapshot(side.snapshot(key, 3))[0] == {0: "a3", 1: "b1"}
     side.restore(key, side.snapshot(key, 3), 3)
-    assert side.states(key, [0, 1]) == {0: "a3", 1: "b1"}
+    assert side.admit(key, "evaluate", 3, {0: b"", 1: b""})[0] == {0: "a3", 1: "b1"}
 
 
 def test_the_secure_sums_need_every_members_input():

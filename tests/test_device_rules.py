@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import pickle
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 import pytest
@@ -28,6 +28,7 @@ from raysim.rounds import group_size, task_groups
 from raysim.runtime.client_side import ClientSide, read_snapshot
 from raysim.runtime.worker import ClientWorker
 from raysim.seeding import SERVER, numpy_rng
+from raysim.training.config import TrainConfig, sampling_plan
 
 KEY = b"k" * 16
 TINY = [
@@ -165,16 +166,16 @@ def test_a_client_is_admitted_to_a_round_once_until_its_piece_released_nothing()
     whose worker refused its releases (or failed) is withdrawn, and the round is the client's
     to train again."""
     side = ClientSide(KEY, {}, (), True, 7)
-    assert side.admit(KEY, 1, {0: b"a", 1: b"a"}) == ({}, [0, 1])
+    assert side.admit(KEY, "train", 1, {0: b"a", 1: b"a"}) == ({}, [0, 1])
     with pytest.raises(ReleaseRefused, match=r"clients \[0\] were asked to train it again"):
-        side.admit(KEY, 1, {0: b"b"})
-    assert side.admit(KEY, 1, {0: b"a"}) == ({}, [])  # the same again: nothing new
-    side.withdraw(KEY, 1, [0])
-    assert side.admit(KEY, 1, {0: b"b"}) == ({}, [0])
+        side.admit(KEY, "train", 1, {0: b"b"})
+    assert side.admit(KEY, "train", 1, {0: b"a"}) == ({}, [])  # the same again: nothing new
+    side.withdraw(KEY, "train", 1, [0])
+    assert side.admit(KEY, "train", 1, {0: b"b"}) == ({}, [0])
     with pytest.raises(ReleaseRefused):
-        side.admit(KEY, 1, {1: b"b"})  # withdrawn for client 0 only
+        side.admit(KEY, "train", 1, {1: b"b"})  # withdrawn for client 0 only
     with pytest.raises(PermissionError):
-        side.withdraw(b"", 1, [1])  # only with the key
+        side.withdraw(b"", "train", 1, [1])  # only with the key
 
 
 def test_a_round_is_trained_from_the_state_before_it():
@@ -182,29 +183,29 @@ def test_a_round_is_trained_from_the_state_before_it():
     first time, so it is the same request."""
     side = ClientSide(KEY, {}, (), True, 7)
     side.keep(KEY, 1, {0: "s1"}, {})
-    assert side.admit(KEY, 2, {0: b"a"}) == ({0: "s1"}, [0])
+    assert side.admit(KEY, "train", 2, {0: b"a"}) == ({0: "s1"}, [0])
     side.keep(KEY, 2, {0: "s2"}, {})
-    assert side.admit(KEY, 2, {0: b"a"}) == ({0: "s1"}, [])
-    assert side.states(KEY, [0]) == {0: "s2"}  # an evaluation reads the newest
+    assert side.admit(KEY, "train", 2, {0: b"a"}) == ({0: "s1"}, [])
+    assert side.admit(KEY, "evaluate", 2, {0: b"a"}) == ({0: "s2"}, [0])  # after the round
 
 
 def test_what_the_clients_trained_is_kept_with_a_snapshot():
     side = ClientSide(KEY, {}, (), True, 7)
-    side.admit(KEY, 1, {0: b"a"})
+    side.admit(KEY, "train", 1, {0: b"a"})
     side.keep(KEY, 1, {0: "s1"}, {})
-    side.admit(KEY, 2, {0: b"a"})  # after the snapshot's round: not in it
+    side.admit(KEY, "train", 2, {0: b"a"})  # after the snapshot's round: not in it
     blob = side.snapshot(KEY, 1)
     states, served = read_snapshot(blob)
-    assert states == {0: "s1"} and list(served[0]) == [1]
+    assert states == {0: "s1"} and list(served["train"][0]) == [1]
     fresh = ClientSide(KEY, {}, (), True, 7)  # a resumed run's
     fresh.restore(KEY, blob, 1)
     with pytest.raises(ReleaseRefused):
-        fresh.admit(KEY, 1, {0: b"b"})
-    assert fresh.admit(KEY, 2, {0: b"b"})[0] == {0: "s1"}
+        fresh.admit(KEY, "train", 1, {0: b"b"})
+    assert fresh.admit(KEY, "train", 2, {0: b"b"})[0] == {0: "s1"}
     legacy = pickle.dumps({0: "s0"})  # a snapshot written before the clients kept what they trained
     assert read_snapshot(legacy) == ({0: "s0"}, {})
     fresh.restore(KEY, legacy, 1)
-    assert fresh.states(KEY, [0]) == {0: "s0"}
+    assert fresh.admit(KEY, "evaluate", 1, {0: b""})[0] == {0: "s0"}
 
 
 def test_a_client_trains_no_more_rounds_than_its_leakage_cap_allows():
@@ -221,7 +222,103 @@ def test_a_client_trains_no_more_rounds_than_its_leakage_cap_allows():
     assert exact.algorithm.privacy.releases_per_client(dim) == 2
     side = ClientSide(KEY, {}, (), True, 7)
     for round in (1, 3):
-        side.admit(KEY, round, {0: b"a"}, limit=2)
-    side.admit(KEY, 3, {0: b"a"}, limit=2)  # the same again is no new release
+        side.admit(KEY, "train", round, {0: b"a"}, limit=2)
+    side.admit(KEY, "train", 3, {0: b"a"}, limit=2)  # the same again is no new release
     with pytest.raises(ReleaseRefused, match="the 2 rounds their leakage cap allows"):
-        side.admit(KEY, 4, {0: b"a"}, limit=2)
+        side.admit(KEY, "train", 4, {0: b"a"}, limit=2)
+
+
+def test_the_broadcast_is_taken_only_as_float32_rows_of_the_clients_model():
+    """The same bytes read as other weights (another dtype or width) could pass for the same
+    request; so could an object array's pointers."""
+    clients = Clients(prep_for())
+    clients.train(1)
+    stacked = np.stack([m.numpy() for m in clients.plan.models])
+    wide = np.zeros((1, 2 * stacked.shape[1]), np.float32)
+    wide[0, : stacked.shape[1]] = stacked[0]
+    sent = {
+        "as float64": stacked.view(np.float64),
+        "wider": wide,
+        "as objects": stacked.astype(object),
+        "with a NaN": np.where(
+            np.arange(stacked.size).reshape(stacked.shape) == 0, np.nan, stacked
+        ),
+    }
+    groups = task_groups("train", copy.deepcopy(clients.plan.tasks), clients.size, 1)
+    for name, models in sent.items():  # each refused before any training
+        models = models.astype(np.float32) if name == "with a NaN" else models
+        with pytest.raises(ReleaseRefused, match="broadcast"):
+            clients.worker.run("train", 1, models, groups)
+
+
+def test_a_client_is_evaluated_only_after_the_rounds_the_run_evaluates_once_each():
+    """An evaluation reports a client's loss on models the server chooses: the clients allow
+    only the planned evaluations, once each (as it was: served again)."""
+    clients = Clients(prep_for("training.eval_every=2", "rounds=5"))
+    stacked = np.stack([m.numpy() for m in clients.plan.models])
+
+    def evaluate(round: int, models: np.ndarray) -> list:
+        tasks = [replace(t, train=None) for t in clients.plan.tasks]
+        groups = task_groups("evaluate", tasks, clients.size, clients.eval_size)
+        return clients.worker.run("evaluate", round, models, groups)
+
+    with pytest.raises(ReleaseRefused, match="every 2 rounds and after round 5"):
+        evaluate(3, stacked)
+    first = evaluate(2, stacked)
+    assert [r.loss for r in evaluate(2, stacked)] == [r.loss for r in first]
+    with pytest.raises(ReleaseRefused, match="evaluate it again on other inputs"):
+        evaluate(2, stacked * 2)
+    assert len(evaluate(5, stacked * 2)) == len(first)
+
+
+@pytest.mark.parametrize("vectorize", ["true", "false"], ids=["vectorized", "opacus"])
+def test_a_broadcast_that_makes_training_overflow_gives_a_release_like_any_other(vectorize):
+    """Weights that overflow on some samples (their gradients have no finite norm) would make a
+    release non-finite, and a non-finite release or a failure tells the server so without noise.
+    The samples count as zero-gradient ones instead (bounded by the clip), so the release is
+    finite and as noisy as planned."""
+    clients = Clients(prep_for(f"runtime.vectorize={vectorize}"))
+    huge = [m.clone() for m in clients.plan.models]
+    for m in huge:
+        m[:128] = 3e38  # classes 0 and 1 (the linear model's first rows): inf - inf, NaN
+    reports = clients.train(1, models=huge)
+    assert reports and all(torch.isfinite(r.update.value).all() for r in reports)
+    # every sample counts as zero: the release is the noise alone (at 3e38 it rounds away)
+    tc, n = clients.plan.tasks[0].train, len(clients.worker.dataset.client_train(0)[0])
+    plan = sampling_plan(n, tc)
+    std = tc.lr * tc.dp_noise_multiplier * tc.dp_clip / plan.expected_batch_size
+    noise = reports[0].update.value[128:]
+    assert float(noise.std()) == pytest.approx(std * plan.total_steps**0.5, rel=0.2)
+    assert abs(float(noise.mean())) < 4 * float(noise.std()) / noise.numel() ** 0.5
+
+
+def test_a_non_finite_release_is_refused_and_spends_the_round():
+    mode = prep_for().algorithm.privacy
+    bad = ClientReport(0, update=Released(torch.tensor([float("nan")]), "dpsgd", None, {}))
+    with pytest.raises(ReleaseRefused, match="not finite") as refused:
+        vet_releases(mode, 1, [bad], False)
+    assert refused.value.spent
+
+
+def test_a_clipped_vector_is_bounded_whatever_came_in():
+    from raysim.privacy.mechanisms import clip_l2
+
+    assert np.array_equal(clip_l2(np.array([np.nan, 1.0]), 1.0), [0.0, 0.0])
+    rows = clip_l2(np.array([[3.0, 4.0], [np.inf, 0.0]]), 1.0)
+    assert np.allclose(rows, [[0.6, 0.8], [0.0, 0.0]])
+
+
+class TwoFaced(TrainConfig):
+    """A train config whose noise reads one way for the trainer and another for the release."""
+
+
+def test_a_task_of_the_servers_own_classes_is_refused():
+    clients = Clients(prep_for())
+    t = clients.plan.tasks[0]
+    two_faced = TwoFaced(**{f.name: getattr(t.train, f.name) for f in fields(TrainConfig)})
+    odd = [replace(t, train=two_faced), replace(t, extra={"select": object()})]
+    odd.append(replace(t, train=replace(t.train, lr=torch.tensor(0.1))))
+    for task in odd:
+        with pytest.raises(ReleaseRefused, match="plain values"):
+            clients.train(1, tasks=[task])
+    assert len(clients.train(1)) == len(clients.plan.tasks)  # nothing was admitted

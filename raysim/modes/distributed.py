@@ -166,6 +166,7 @@ class Distributed(PrivacyMode):
             share = client_noise_share(len(ctx.models), vector.numel(), self.std, self.cohort, rng)
         report.contribution = SecureContribution(slot, vector.float(), share)
         report.update = report.cluster = None  # nothing else leaves the client
+        report.num_samples = 0  # nor its dataset's size (a client's data replaced by none)
 
     def release_sketch(
         self, update: np.ndarray, k: int, projection_seed: int, rng: np.random.Generator
@@ -193,6 +194,8 @@ class Distributed(PrivacyMode):
             refuse(algorithm, "cluster", "under distributed DP only the secure contribution leaves")
         if report.extra:
             refuse(algorithm, "extra", "under distributed DP only the secure contribution leaves")
+        if report.num_samples:
+            refuse(algorithm, "num_samples", "under distributed DP a client's size stays with it")
         # the contribution itself is checked where it is summed (SecureAggregator.check)
 
     def _check_sketch(self, algorithm: str, rel: Any) -> None:

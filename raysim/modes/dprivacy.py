@@ -56,6 +56,8 @@ class MetricLocal(PrivacyMode):
         self, report: ClientReport, task: Any, result: Any, ctx: Any, slot: int | None = None
     ) -> None:
         delta = result.update.double().numpy()
+        if not np.isfinite(delta).all():  # training overflowed on the broadcast: nothing moved
+            delta = np.zeros_like(delta)
         dim, radius = delta.size, float(np.linalg.norm(delta))
         if radius == 0.0:  # nothing moved: nothing to hide, and eps would be infinite
             released, eps = delta, float("inf")

@@ -93,7 +93,7 @@ class SecureAggregator:
             refuse(self.algorithm, "contribution", f"slot {c.slot} of {self.num_slots}")
         if tuple(c.vector.shape) != (self.dim,):
             refuse(self.algorithm, "contribution", f"not a vector of dimension {self.dim}")
-        if float(c.vector.double().norm()) > self.clip * (1 + CLIP_TOLERANCE):
+        if not float(c.vector.double().norm()) <= self.clip * (1 + CLIP_TOLERANCE):  # NaN too
             refuse(self.algorithm, "contribution", f"not clipped to privacy.clip={self.clip}")
 
     def aggregate(

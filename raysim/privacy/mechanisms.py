@@ -51,16 +51,21 @@ def _float_array(x: np.ndarray) -> np.ndarray:
 
 
 def clip_l2(x: np.ndarray, bound: float) -> np.ndarray:
-    """Scale ``x`` (each row if 2-D) to L2 norm at most ``bound``; the sensitivity DP needs."""
+    """Scale ``x`` (each row if 2-D) to L2 norm at most ``bound``; the sensitivity DP needs. A
+    vector without a finite norm (training that overflowed on a crafted broadcast) becomes
+    zero: clipped, every input must be bounded, or its release would tell the server so."""
     _positive("bound", bound)
     x = _float_array(x)
     if x.ndim == 1:
         norm = float(np.linalg.norm(x))
+        if not np.isfinite(norm):
+            return np.zeros_like(x)
         return x * min(1.0, bound / norm) if norm > 0 else x.copy()
     if x.ndim == 2:
         norms = np.linalg.norm(x, axis=1, keepdims=True)
         scale = np.minimum(1.0, bound / np.maximum(norms, np.finfo(x.dtype).tiny))
-        return x * scale.astype(x.dtype)
+        finite = np.isfinite(norms)
+        return np.where(finite, x, 0) * np.where(finite, scale, 0).astype(x.dtype)
     raise ValueError(f"clip_l2 takes a vector or a matrix of rows, got shape {x.shape}")
 
 

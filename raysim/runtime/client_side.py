@@ -7,10 +7,10 @@ vector without noise), and under ``sample`` the training itself (the raw gradien
 noise: the coordinator trains no clients). ``ClientSide`` is one actor that keeps the first two,
 standing for the clients' devices and the secure-aggregation protocol they submit to:
 
-* the workers fetch the states of a piece's clients before running it and hand back the new
-  states and the contributions after (``states``, ``keep``), presenting the run's client key;
-  to train, each client is admitted to the round first (``admit``): this is the devices' memory
-  of what they trained, which keeps a server from having a round trained twice on other inputs
+* the workers have a piece's clients admitted to the request and get their states before
+  running it, and hand back the new states and the contributions after (``admit``, ``keep``),
+  presenting the run's client key; ``admit`` is the devices' memory of what they trained and
+  were evaluated on, which keeps a server from having a round run twice on other inputs
   (``modes.device``);
 * the server may only ask for the noisy per-slot sums of the members it names
   (``secure_sums``: their noise drawn here, from the clients' seed), and for a new worker in
@@ -74,55 +74,59 @@ class ClientSide:
         self._states: dict[int, list[tuple[int, Any]]] = {}
         self._snapshot_round = 0
         self._deposits: dict[int, dict[int, SecureContribution]] = {}  # round -> client -> input
-        # client -> round -> what it trained that round from: the devices' memory (modes.device)
-        self._served: dict[int, dict[int, bytes]] = {}
+        # kind -> client -> round -> what decided its output: the devices' memory (modes.device)
+        self._served: dict[str, dict[int, dict[int, bytes]]] = {}
 
     def _check(self, key: bytes) -> None:
         if not hmac.compare_digest(key, self._key):
             raise PermissionError("the clients' state is read only with the run's client key")
 
     # -- the workers -------------------------------------------------------------------------
-    def states(self, key: bytes, clients: list[int]) -> dict[int, Any]:
-        """The clients' newest states (what an evaluation reads)."""
-        self._check(key)
-        return {c: self._states[c][-1][1] for c in clients if c in self._states}
-
     def admit(
-        self, key: bytes, round: int, requests: dict[int, bytes], limit: int | None = None
+        self,
+        key: bytes,
+        kind: str,
+        round: int,
+        requests: dict[int, bytes],
+        limit: int | None = None,
     ) -> tuple[dict[int, Any], list[int]]:
-        """The states the clients train ``round`` from (the newest written before it), once
-        each is admitted, and the clients admitted to it for the first time. What decides a
-        client's output (its request, ``modes.device.request_digest``, with its state) is
-        recorded: a client trains a round once, or again from the same request and state, which
-        gives the same bits (``modes.device``: two releases of a round on other inputs would
-        cancel its noise); of two pieces of a client's round at once, the second is refused.
+        """The states the clients run ``kind`` from in ``round`` (to train it: the newest
+        written before it; to evaluate after it, the newest), once each is admitted, and the
+        clients admitted to it for the first time. What decides a client's output (its request,
+        ``modes.device.request_digest``, with its state) is recorded: a client trains a round,
+        and is evaluated after it, once, or again from the same request and state, which gives
+        the same bits (``modes.device``: two releases of a round on other inputs would cancel
+        its noise); of two pieces of a client's round at once, the second is refused.
         ``limit``: the most rounds a client may train in (its mode's cap)."""
         from raysim.modes.device import ReleaseRefused, state_digest  # torch: not in the driver
 
         self._check(key)
-        states = {c: self._state_before(c, round) for c in requests}
+        before = round if kind == "train" else round + 1
+        states = {c: self._state_before(c, before) for c in requests}
         served = {c: state_digest(d, states[c]) for c, d in requests.items()}
-        again = [c for c, d in served.items() if self._served.get(c, {}).get(round, d) != d]
+        memory = self._served.setdefault(kind, {})
+        again = [c for c, d in served.items() if memory.get(c, {}).get(round, d) != d]
         if again:
             raise ReleaseRefused(
-                f"round {round}: clients {sorted(again)[:10]} were asked to train it again on "
-                "other inputs; a client trains a round once"
+                f"round {round}: clients {sorted(again)[:10]} were asked to {kind} it again on "
+                "other inputs; a client does so once"
             )
-        new = [c for c in served if round not in self._served.get(c, {})]
-        over = [c for c in new if limit is not None and len(self._served.get(c, {})) >= limit]
+        new = [c for c in served if round not in memory.get(c, {})]
+        over = [c for c in new if limit is not None and len(memory.get(c, {})) >= limit]
         if over:
             why = f"they trained the {limit} rounds their leakage cap allows"
             raise ReleaseRefused(f"round {round}: clients {sorted(over)[:10]}: {why}")
         for c, d in served.items():
-            self._served.setdefault(c, {})[round] = d
+            memory.setdefault(c, {})[round] = d
         return {c: s for c, s in states.items() if s is not None}, new
 
-    def withdraw(self, key: bytes, round: int, clients: list[int]) -> None:
-        """Forget the admission of clients whose piece released nothing (their worker refused
-        its releases, or failed): what they trained never left them."""
+    def withdraw(self, key: bytes, kind: str, round: int, clients: list[int]) -> None:
+        """Forget the admission of clients whose piece released nothing because what the
+        server sent was refused: the round is still theirs."""
         self._check(key)
+        memory = self._served.get(kind, {})
         for c in clients:
-            self._served.get(c, {}).pop(round, None)
+            memory.get(c, {}).pop(round, None)
 
     def _state_before(self, client: int, round: int) -> Any:
         versions = [s for r, s in self._states.get(client, []) if r < round]
@@ -199,7 +203,10 @@ class ClientSide:
             if done:
                 out[c] = done[-1][1]
             self._states[c] = self._since_snapshot(versions)
-        served = {c: {r: d for r, d in rs.items() if r <= round} for c, rs in self._served.items()}
+        served = {
+            kind: {c: {r: d for r, d in rs.items() if r <= round} for c, rs in memory.items()}
+            for kind, memory in self._served.items()
+        }
         return pickle.dumps({"states": out, "served": served}, protocol=pickle.HIGHEST_PROTOCOL)
 
     def restore(self, key: bytes, blob: bytes | None, round: int) -> None:
@@ -208,15 +215,17 @@ class ClientSide:
         (a snapshot written before the clients kept it holds the states alone)."""
         self._check(key)
         states, served = read_snapshot(blob) if blob is not None else ({}, {})
-        for c, rounds in served.items():
-            self._served[c] = {**rounds, **self._served.get(c, {})}
+        for kind, memory in served.items():
+            mine = self._served.setdefault(kind, {})
+            for c, rounds in memory.items():
+                mine[c] = {**rounds, **mine.get(c, {})}
         self._states = {c: [(round, s)] for c, s in states.items()}
         self._snapshot_round = round
         self._deposits.clear()
         self._summed = {r for r in self._summed if r <= round}  # the later ones run again
 
 
-def read_snapshot(blob: bytes) -> tuple[dict[int, Any], dict[int, dict[int, bytes]]]:
+def read_snapshot(blob: bytes) -> tuple[dict[int, Any], dict[str, dict[int, dict[int, bytes]]]]:
     """(states, what the clients trained) of a ``ClientSide.snapshot``; one written before the
     clients kept the second holds the states alone."""
     snap = pickle.loads(blob)
@@ -231,20 +240,15 @@ class OnRay:
     def __init__(self, actor: Any) -> None:
         self.actor = actor
 
-    def states(self, key: bytes, clients: list[int]) -> dict[int, Any]:
+    def admit(self, key: bytes, kind: str, round: int, requests: dict, limit: int | None) -> tuple:
         import ray
 
-        return ray.get(self.actor.states.remote(key, clients))
+        return ray.get(self.actor.admit.remote(key, kind, round, requests, limit))
 
-    def admit(self, key: bytes, round: int, requests: dict, limit: int | None) -> tuple:
+    def withdraw(self, key: bytes, kind: str, round: int, clients: list[int]) -> None:
         import ray
 
-        return ray.get(self.actor.admit.remote(key, round, requests, limit))
-
-    def withdraw(self, key: bytes, round: int, clients: list[int]) -> None:
-        import ray
-
-        ray.get(self.actor.withdraw.remote(key, round, clients))
+        ray.get(self.actor.withdraw.remote(key, kind, round, clients))
 
     def keep(self, key: bytes, round: int, states: dict, contributions: dict) -> None:
         import ray

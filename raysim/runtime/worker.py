@@ -8,6 +8,7 @@ measured fastest here (one call per actor with its list of clients; docs/speed.m
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -78,27 +79,35 @@ class ClientWorker(Renewable):
         """Run `kind` ("train" or "evaluate") for each group of tasks; models is the round's
         broadcast. A group goes to the algorithm whole (client_steps: vectorized where it can
         be; client_evaluations: shared forward passes); the groups are fixed by the coordinator,
-        so the bits do not depend on how many workers share them."""
-        import torch
-
-        broadcast = [torch.from_numpy(np.array(m, copy=True)) for m in models]
+        so the bits do not depend on how many workers share them. With the clients' side (an
+        untrusted server), the clients admit the request first and check what they release
+        (``modes.device``)."""
         if self.client_side is None:
-            return self._run(kind, round, broadcast, groups)
-        from raysim.modes.device import vet_releases
+            return self._run(kind, round, self._broadcast(models), groups)
+        from raysim.modes.device import ReleaseRefused, check_broadcast, vet_releases
 
-        new = self._fetch_states(kind, round, models, groups)
+        models = check_broadcast(models, self.trainer.dim)
+        new = self._admit(kind, round, models, groups)
         try:
-            out = self._run(kind, round, broadcast, groups)
+            out = self._run(kind, round, self._broadcast(models), groups)
             if kind == "train":
                 may_select = self.algorithm.may_select(round)
                 vet_releases(self.algorithm.privacy, round, out, may_select)
                 self._hand_back(round, out)
-        except Exception:
-            if new:  # nothing of theirs left: the round is still theirs to train
+        except ReleaseRefused as refused:
+            # what the server sent was refused: nothing of the clients' left, the round is
+            # still theirs (a failure on their data spends it: a retry would be a new release)
+            if new and not refused.spent:
                 side, key = self.client_side
-                side.withdraw(key, round, new)
+                side.withdraw(key, kind, round, new)
             raise
         return out
+
+    @staticmethod
+    def _broadcast(models: np.ndarray) -> list[torch.Tensor]:
+        import torch
+
+        return [torch.from_numpy(np.array(m, copy=True)) for m in models]
 
     def _run(
         self, kind: str, round: int, broadcast: list[torch.Tensor], groups: list[list[ClientTask]]
@@ -121,45 +130,47 @@ class ClientWorker(Renewable):
             out.extend(step(t, c) for t, c in zip(group, ctxs, strict=True))
         return out
 
-    def _fetch_states(
+    def _admit(
         self, kind: str, round: int, models: np.ndarray, groups: list[list[ClientTask]]
     ) -> list[int]:
         """The clients' states, from the clients' side (a state the server sent is not
-        theirs); to train, once the devices admit the round (``modes.device``): then the
-        clients admitted to it for the first time."""
+        theirs), once the devices admit the request (``modes.device``); the clients admitted
+        to it for the first time."""
         from raysim.modes.device import (
             ReleaseRefused,
             broadcast_digest,
             check_round,
+            check_task,
             request_digest,
         )
 
         side, key = self.client_side  # type: ignore[misc]
-        tasks, new = [t for g in groups for t in g], []
-        if kind == "train":
-            check_round(round, self.algorithm.cfg.rounds)
-            sent = broadcast_digest(models)
-            requests = {t.client_id: request_digest(sent, t) for t in tasks}
-            if len(requests) < len(tasks):  # two tasks of one client: two releases of its round
-                raise ReleaseRefused(f"round {round}: a client was given two tasks in one piece")
-            limit = (
-                self.algorithm.privacy.releases_per_client(models[0].size) if len(models) else None
-            )
-            states, new = side.admit(key, round, requests, limit)
-        else:
-            states = side.states(key, [t.client_id for t in tasks])
+        check_round(kind, round, self.algorithm.cfg)
+        tasks, sent = [t for g in groups for t in g], broadcast_digest(models)
+        for t in tasks:
+            check_task(t)
+        requests = {t.client_id: request_digest(sent, t) for t in tasks}
+        if len(requests) < len(tasks):  # two tasks of one client: two releases of its round
+            raise ReleaseRefused(f"round {round}: a client was given two tasks in one piece")
+        limit = None
+        if kind == "train":  # the cap of the client's own model's releases
+            limit = self.algorithm.privacy.releases_per_client(self.trainer.dim)
+        states, new = side.admit(key, kind, round, requests, limit)
         for t in tasks:
             t.state = states.get(t.client_id)
         return new
 
     def _hand_back(self, round: int, reports: list[Any]) -> None:
         """The new states and the secure inputs go to the clients' side; the reply keeps only
-        that a report's contribution went there (``deposited``). The training loss, which
-        stays with the client (``ClientReport``), is dropped."""
+        that a report's contribution went there (``deposited``). The training loss and the
+        values of withheld releases, which stay with the client (``ClientReport``), are
+        dropped."""
         side, key = self.client_side  # type: ignore[misc]
         states, contributions = {}, {}
         for rep in reports:
             rep.loss = float("nan")
+            # a withheld release stays with the client: the server charges it, without its value
+            rep.withheld = [replace(w, value=None) for w in rep.withheld]
             if rep.state is not None:
                 states[rep.client_id], rep.state = rep.state, None
             if rep.contribution is not None:

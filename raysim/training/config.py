@@ -93,3 +93,30 @@ class EvalResult:
     loss: float  # mean per-sample loss
     accuracy: float | None  # None for regression
     n: int
+
+
+def clip_update(update: torch.Tensor, bound: float | None) -> float:
+    """Clip ``update`` in place to L2 norm ``bound`` (None: as it is); returns the norm before.
+    An update without a finite norm (training overflowed on a crafted broadcast) becomes zero
+    where it is clipped: a clipped update must be bounded whatever came in."""
+    norm = float(update.norm())
+    if bound is not None and not math.isfinite(norm):
+        update.zero_()
+    elif bound is not None and norm > bound:
+        update.mul_(bound / norm)
+    return norm
+
+
+def zero_nonfinite_samples(params: list[torch.Tensor]) -> None:
+    """Set to zero the per-sample gradients (``grad_sample``) of every sample whose gradient has
+    no finite norm, before DP-SGD clips them (Opacus' clipping would keep a NaN): a crafted
+    broadcast that makes some sample overflow must not make the release non-finite, which would
+    tell the server so without noise. A zero gradient is within the clip."""
+    grads = [p.grad_sample for p in params if getattr(p, "grad_sample", None) is not None]
+    if not grads:
+        return
+    norms = torch.stack([g.reshape(len(g), -1).norm(2, dim=-1) for g in grads]).norm(2, dim=0)
+    bad = ~torch.isfinite(norms)
+    if bool(bad.any()):
+        for g in grads:
+            g[bad] = 0

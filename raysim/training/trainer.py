@@ -19,7 +19,14 @@ from torch import nn
 from torch.optim.sgd import sgd
 
 from raysim.models.params import flat_params, load_flat_, num_params, trainable
-from raysim.training.config import EvalResult, TrainConfig, TrainResult, sampling_plan
+from raysim.training.config import (
+    EvalResult,
+    TrainConfig,
+    TrainResult,
+    clip_update,
+    sampling_plan,
+    zero_nonfinite_samples,
+)
 from raysim.training.losses import TASKS, as_tensor, per_sample_loss, targets
 
 if TYPE_CHECKING:
@@ -139,9 +146,7 @@ class LocalTrainer:
         steps, loss = run(xt, yt, cfg, plan, generator, center)
 
         update = flat_params(self.params).sub_(init)
-        norm = float(update.norm())
-        if cfg.update_clip is not None and norm > cfg.update_clip:
-            update.mul_(cfg.update_clip / norm)
+        norm = clip_update(update, cfg.update_clip)
         return TrainResult(update, n, steps, loss, norm)
 
     def _run_plain(self, xt, yt, cfg, plan, gen, center) -> tuple[int, float]:
@@ -249,6 +254,7 @@ class LocalTrainer:
             psg.set_empty()  # an empty Poisson batch still takes a noise-only step
         for i, (xb, yb) in enumerate(self._chunks(xt, yt, idx, cfg.physical_batch_size)):
             total += psg(xb, yb).sum()
+            zero_nonfinite_samples(self.params)
             if i < last:  # clip this chunk into summed_grad, free its per-sample grads
                 opt.clip_and_accumulate()
                 for p in self.params:
@@ -357,8 +363,10 @@ class LocalTrainer:
         total, correct = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for out, yb in self._outputs(xt, yt, batch_size):
             loss = per_sample_loss(self.task, out, yb)
-            if loss_clip is not None:
-                loss = loss.clamp(0, loss_clip)
+            if (
+                loss_clip is not None
+            ):  # bounded whatever the model: a non-finite loss counts as the clip
+                loss = loss.nan_to_num(loss_clip, loss_clip, loss_clip).clamp(0, loss_clip)
             total += loss.sum(dtype=torch.float64)
             if with_acc:
                 correct += int((out.argmax(1) == yb).sum())

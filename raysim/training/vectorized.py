@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from raysim.training.config import TrainConfig, TrainResult, sampling_plan
+from raysim.training.config import TrainConfig, TrainResult, clip_update, sampling_plan
 from raysim.training.layer_grads import LayerGrads, LayerRulesMissed
 from raysim.training.layer_grads import unsupported as layer_rules_unsupported
 from raysim.training.losses import as_tensor, per_sample_loss, targets
@@ -165,9 +165,7 @@ class VectorizedTrainer:
         out = []
         for i, c in enumerate(clients):
             update = new[i] - init[i]
-            norm = float(update.norm())
-            if cfg.update_clip is not None and norm > cfg.update_clip:
-                update.mul_(cfg.update_clip / norm)
+            norm = clip_update(update, cfg.update_clip)
             out.append(TrainResult(update, c.n, c.total_steps, c.loss, norm))
         return out
 
@@ -298,6 +296,12 @@ class VectorizedTrainer:
         mask = self._put(mask)
         flat = [per_sample[k].flatten(2) for k in self.names]
         norms = torch.stack([f.norm(2, dim=-1) for f in flat], dim=-1).norm(2, dim=-1)  # [G, B]
+        finite = torch.isfinite(norms)
+        if not bool(finite.all()):  # as training.config.zero_nonfinite_samples: counted as zero
+            norms = torch.where(finite, norms, 0)
+            for k in self.names:
+                keep = finite.view(*finite.shape, *[1] * (per_sample[k].dim() - 2))
+                per_sample[k] = torch.where(keep, per_sample[k], 0)
         clip = self._put(torch.tensor([c.dp_clip for c in cfgs], dtype=torch.float32))
         factor = (clip[:, None] / (norms + 1e-6)).clamp(max=1.0) * mask
         sums = (losses * mask).sum(1)
