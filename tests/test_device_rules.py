@@ -92,6 +92,12 @@ def test_a_client_trains_a_round_once_or_again_from_the_same_request():
     faster = [replace(t, train=replace(t.train, lr=t.train.lr * 2)) for t in clients.plan.tasks]
     with pytest.raises(ReleaseRefused, match="again on other inputs"):
         clients.train(1, tasks=faster)
+    # the same tasks grouped otherwise: vectorized with other clients, the bits could differ
+    stacked = np.stack([m.numpy() for m in clients.plan.models])
+    together = [copy.deepcopy(clients.plan.tasks)]
+    assert len(task_groups("train", clients.plan.tasks, clients.size, 1)) > 1
+    with pytest.raises(ReleaseRefused, match="again on other inputs"):
+        clients.worker.run("train", 1, stacked, together)
     # the next round from the moved broadcast is a round of its own
     assert len(clients.train(2, models=moved)) == len(first)
 

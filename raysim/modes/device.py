@@ -127,10 +127,11 @@ def broadcast_digest(models: np.ndarray) -> bytes:
     return hashlib.blake2b(shape + np.ascontiguousarray(models).data, digest_size=16).digest()
 
 
-def request_digest(broadcast: bytes, task: ClientTask) -> bytes:
+def request_digest(broadcast: bytes, task: ClientTask, group: Sequence[int]) -> bytes:
     """What decides a client's output in a round, but for its state (which the clients' side
-    holds and adds): the broadcast and every field of the task the server sent."""
-    fields = (task.client_id, task.cluster, task.train, task.extra)
+    holds and adds): the broadcast, every field of the task the server sent, and the clients
+    trained with it (a group is vectorized together: another grouping rounds otherwise)."""
+    fields = (task.client_id, task.cluster, task.train, task.extra, tuple(group))
     blob = pickle.dumps(fields, protocol=pickle.HIGHEST_PROTOCOL)
     return hashlib.blake2b(broadcast + blob, digest_size=16).digest()
 

@@ -149,7 +149,12 @@ class ClientWorker(Renewable):
         tasks, sent = [t for g in groups for t in g], broadcast_digest(models)
         for t in tasks:
             check_task(t)
-        requests = {t.client_id: request_digest(sent, t) for t in tasks}
+        members = [[t.client_id for t in g] for g in groups]
+        requests = {
+            t.client_id: request_digest(sent, t, ids)
+            for g, ids in zip(groups, members, strict=True)
+            for t in g
+        }
         if len(requests) < len(tasks):  # two tasks of one client: two releases of its round
             raise ReleaseRefused(f"round {round}: a client was given two tasks in one piece")
         limit = None
