@@ -131,8 +131,8 @@ def request_digest(broadcast: bytes, task: ClientTask, group: Sequence[int]) -> 
     """What decides a client's output in a round, but for its state (which the clients' side
     holds and adds): the broadcast, every field of the task the server sent, and the clients
     trained with it (a group is vectorized together: another grouping rounds otherwise)."""
-    fields = (task.client_id, task.cluster, task.train, task.extra, tuple(group))
-    blob = pickle.dumps(fields, protocol=pickle.HIGHEST_PROTOCOL)
+    sent = (task.client_id, task.cluster, task.train, task.extra, tuple(group))
+    blob = pickle.dumps(sent, protocol=pickle.HIGHEST_PROTOCOL)
     return hashlib.blake2b(broadcast + blob, digest_size=16).digest()
 
 
