@@ -347,7 +347,14 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     if not args.report_only:
         # never overwrite results unasked, and refuse before anything runs
         jobs = [_job(cfg, out, args.overwrite, args.resume) for cfg in configs]
-        check_budgets([j.cfg for j in jobs if j])
+        by_name: dict[str, list[Any]] = {}  # each algorithm's first run: its seeds prepare alike
+        for job in filter(None, jobs):
+            by_name.setdefault(job.cfg.algorithm.name, []).append(job.cfg)
+        firsts = [
+            (f"{a} (seeds {', '.join(str(c.seed) for c in cs)})", cs[0])
+            for a, cs in by_name.items()
+        ]
+        check_budgets(firsts, what="algorithms")
         failed = run_all([j for j in jobs if j], out, args.inline, args.overwrite, args.jobs)
     runs = collect(out)
     # every run under OUT: a compare of some of its algorithms keeps the others' rows
@@ -436,18 +443,27 @@ def for_algorithm(cfg: Any, quiet: bool = False) -> Any:
     return build_config(raw)
 
 
-def check_budgets(configs: Sequence[Any]) -> None:
-    """Each algorithm's first run prepared (its data built, its noise calibrated) before any
-    run starts: a budget it cannot meet is refused now, not after the runs before it. In a
-    forked child, which keeps torch out of this process (Ray and the zygote come after)."""
+def check_budgets(runs: Sequence[tuple[str, Any]], what: str = "runs") -> None:
+    """Each (label, config) prepared (its data built, its noise calibrated) before any run
+    starts: a budget or a split it cannot meet is refused now, not after the runs before it, and
+    every such run is named in one ConfigError. In a forked child, which keeps torch out of this
+    process (Ray and the zygote come after)."""
     from algorithms import Environment, get_algorithm
     from raysim.experiment import prepare, prepare_apart
 
-    firsts = list({cfg.algorithm.name: cfg for cfg in reversed(configs)}.values())
+    if not runs:
+        return
 
     def build() -> list:
-        for cfg in firsts:
-            prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+        refused = []
+        for label, cfg in runs:
+            try:
+                prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+            except ConfigError as exc:
+                refused.append(f"\n  {label}: {exc}")
+        if refused:
+            head = f"{len(refused)} of {len(runs)} {what} cannot start (nothing ran):"
+            raise ConfigError(head + "".join(refused))
         return []
 
     prepare_apart(build)

@@ -162,6 +162,20 @@ def test_fixed_noise_over_budget_is_refused_before_start(mode, tmp_path, capsys)
     assert not (tmp_path / "o").exists()
 
 
+def test_compare_names_every_algorithm_whose_budget_cannot_be_met_before_any_run(tmp_path, capsys):
+    # one reserved selection at eps 5 (rdpcfl; ifca selects each round): a budget of 1 is
+    # refused for both, fedavg would run; all are refused before the first run starts
+    sets = ["rounds=2", "privacy.epsilon=1", "algorithm.eps_select=5"]
+    argv = ["compare", "raysim/demo.yaml", "--algorithms", "rdpcfl,fedavg,ifca", "--seeds", "0,1"]
+    code = main([*argv, "--out", str(tmp_path / "o"), *sum((["--set", s] for s in sets), [])])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "2 of 3 algorithms cannot start (nothing ran)" in err
+    assert "rdpcfl (seeds 0, 1): epsilon=1.0" in err and "ifca (seeds 0, 1): epsilon=1.0" in err
+    assert "fedavg (" not in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_progress_lines_say_round_rate_accuracy_and_time_left(capsys):
     """compare --jobs N: each run reports in lines, at most one a minute and always the last."""
     from raysim.cli import ProgressLines

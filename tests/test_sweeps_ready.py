@@ -16,7 +16,7 @@ from raysim.cli import main
 from raysim.compare import for_algorithm
 from raysim.config import ConfigError, RuntimeConfig
 from tune.space import load_sweep, trial_config
-from tune.sweep import check_trials, size_to_cluster
+from tune.sweep import check_trials, check_trials_start, size_to_cluster
 
 SWEEPS = sorted((Path(__file__).parents[1] / "tune" / "sweeps").glob("*.yaml"))
 THIS_MACHINE = [{"CPU": 2.0}]
@@ -44,27 +44,52 @@ def test_every_trial_fits_and_is_valid(path):
         assert rt.num_workers * rt.cpus_per_worker + 0.01 <= 2.0
 
 
-def test_failed_trials_make_the_sweep_fail_naming_them(ray_session, tmp_path, capsys):
-    tiny = [
-        "rounds=2",
-        "algorithm.name=rdpcfl",
-        "algorithm.eps_select=5",  # one reserved selection at eps 5: a budget of 1 is refused
-        "data.dataset=digits",
-        "data.num_clients=6",
-        "data.cluster_sizes=[3, 3]",
-        "model.name=linear",
-        "privacy.delta=1e-3",
-        "runtime.num_workers=1",
-        f"runtime.round_timeout_s={RAY_TIMEOUT_S}",
-    ]
+TINY_RDPCFL = [
+    "rounds=2",
+    "algorithm.name=rdpcfl",
+    "data.dataset=digits",
+    "data.num_clients=6",
+    "data.cluster_sizes=[3, 3]",
+    "model.name=linear",
+    "privacy.delta=1e-3",
+    "runtime.num_workers=1",
+    f"runtime.round_timeout_s={RAY_TIMEOUT_S}",
+]
+
+
+def test_a_trial_that_cannot_start_stops_the_sweep_before_ray(tmp_path, capsys):
+    # one reserved selection at eps 5: a budget of 1 is refused, though eps 1 with selections at
+    # 0.1 and selections at 5 with eps 50 each run: the combinations are prepared, not each value
+    path = tmp_path / "s.yaml"
+    space = {"privacy.epsilon": {"grid": [1, 50]}, "algorithm.eps_select": {"grid": [0.1, 5]}}
+    path.write_text(yaml.safe_dump({"name": "fails", "set": TINY_RDPCFL, "space": space}))
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "1 of 4 trial configurations cannot start (nothing ran)" in err
+    assert "algorithm.eps_select = 5, privacy.epsilon = 1: epsilon=1.0" in err
+    assert "cannot be met" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_failed_trials_make_the_sweep_fail_naming_them(ray_session, tmp_path, capsys, monkeypatch):
+    # a failure only the trial meets (its node lost, say) must still be reported: the check
+    # before Ray is switched off here so that the refused budget makes one
+    monkeypatch.setattr("tune.sweep.check_trials_start", lambda sweep: None)
     path = tmp_path / "s.yaml"
     space = {"privacy.epsilon": {"grid": [1, 50]}}
+    tiny = [*TINY_RDPCFL, "algorithm.eps_select=5"]
     path.write_text(yaml.safe_dump({"name": "fails", "set": tiny, "space": space}))
     assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert "1 of 2 trials failed" in err
     assert "privacy.epsilon=1:" in err and "cannot be met" in err
     assert "privacy.epsilon=50" not in err
+
+
+@pytest.mark.skipif(not FMNIST.is_dir(), reason="Fashion-MNIST not installed")
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_every_trial_of_a_ready_sweep_can_start(path):
+    check_trials_start(load_sweep(path))  # its data built and its noise calibrated
 
 
 CUT = [  # rounds and clients cut down; everything else as the sweep file says

@@ -14,7 +14,7 @@ from conftest import RAY_TIMEOUT_S
 from algorithms import ALGORITHMS
 from raysim.cli import main
 from raysim.config import ConfigError
-from tune.space import load_sweep
+from tune.space import load_sweep, trial_variants
 from tune.trainable import TRIAL_BUNDLE
 
 SWEEPS = sorted((Path(__file__).parents[1] / "tune" / "sweeps").glob("*.yaml"))
@@ -117,6 +117,37 @@ def test_a_sweep_without_a_base_sweeps_the_demo(tmp_path):
     path.write_text("space:\n  training.lr: {grid: [0.1]}\n")
     demo = yaml.safe_load((Path(__file__).parents[1] / "raysim" / "demo.yaml").read_text())
     assert load_sweep(path).base == demo
+
+
+def test_the_trials_named_before_the_sweep_are_every_combination_at_the_ranges_ends():
+    space = {
+        "privacy.epsilon": {"grid": [2, 8]},
+        "algorithm.num_clusters": {"randint": [2, 5]},  # Tune's upper end is exclusive: 2..4
+        "training.lr": {"uniform": [0.01, 0.1]},
+    }
+    named = trial_variants(space, most=8)
+    assert len(named) == 8 and len({tuple(d.items()) for d in named}) == 8
+    assert {d["algorithm.num_clusters"] for d in named} == {2, 4}
+    assert {d["training.lr"] for d in named} == {0.01, 0.1}
+    assert {"privacy.epsilon": 8, "algorithm.num_clusters": 2, "training.lr": 0.1} in named
+    alone = trial_variants(space, most=7)  # too many: each value on its own, on the base
+    assert alone == [
+        {"privacy.epsilon": 2},
+        {"privacy.epsilon": 8},
+        {"algorithm.num_clusters": 2},
+        {"algorithm.num_clusters": 4},
+        {"training.lr": 0.01},
+        {"training.lr": 0.1},
+    ]
+
+
+def test_a_combination_that_the_schema_refuses_fails_before_ray(tmp_path):
+    # each value passes on the base (mode sample, delta 1e-3); the combination does not (client-
+    # level DP over 6 clients needs delta < 1/6): named as the sweep file writes it
+    space = {"privacy.mode": {"grid": ["sample", "client"]}, "privacy.delta": {"grid": [1e-3, 0.2]}}
+    named = "(?s)privacy.delta = 0.2, privacy.mode = 'client': .*below 1/num_clients"
+    with pytest.raises(ConfigError, match=named):
+        load_sweep(_write(tmp_path, space))
 
 
 def test_random_draws_follow_the_seed(tmp_path):

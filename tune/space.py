@@ -6,7 +6,7 @@
     metric: accuracy                         # optional (default accuracy, mode max)
     num_samples: 1                           # optional: repeats of the grid / random draws
     space:
-      privacy.epsilon: {grid: [1, 2, 4, 8]}
+      privacy.epsilon: {grid: [2, 4, 8]}
       algorithm.name: {grid: [rdpcfl, ifca]}
       training.lr: {loguniform: [0.001, 0.1]}
       training.sampling_rate: {uniform: [0.5, 1.0]}
@@ -15,12 +15,15 @@
 The random (non-grid) values are drawn from a generator seeded by the base config's `seed`:
 the same sweep file and seed try the same hyperparameters.
 
-Every value a trial may take is validated against the experiment schema here, before Ray starts
-(ranges at their two ends).
+Every combination of values a trial may take (ranges at their two ends) is validated against
+the experiment schema here, before Ray starts; `raysim sweep` then prepares each one
+(tune.sweep.check_trials_start).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +47,7 @@ REPORTED = ("accuracy", "loss", "ari", "accuracy_min", "accuracy_disparity")
 METRICS = (*REPORTED, "epsilon")
 SCHEDULERS = ("fifo", "asha")
 TOP_KEYS = {"base", "name", "set", "metric", "mode", "num_samples", "space", "scheduler"}
+MAX_COMBINATIONS = 256  # checked against the schema; beyond it, each value on its own
 
 
 @dataclass
@@ -91,7 +95,55 @@ def _values(key: str, spec: Any) -> list[Any]:
             raise ConfigError(f"space.{key}.{kind}: expected [low, high] with low < high")
         if kind == "loguniform" and values[0] <= 0:
             raise ConfigError(f"space.{key}.loguniform: the low end must be > 0")
+        if kind == "randint":  # Tune's upper end is exclusive
+            return [values[0], values[1] - 1]
     return values
+
+
+def variants(space: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trials' values that can be named before the sweep runs: every combination of the
+    grid and choice values, with each range at its two ends."""
+    keys = list(space)
+    ends = itertools.product(*(_values(key, space[key]) for key in keys))
+    return [dict(zip(keys, combo, strict=True)) for combo in ends]
+
+
+def one_at_a_time(space: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each key's values on their own, on the base: where the combinations are too many."""
+    return [{key: v} for key, spec in space.items() for v in _values(key, spec)]
+
+
+def label(params: dict[str, Any]) -> str:
+    """A trial's values as the sweep file writes them."""
+    return ", ".join(f"{k} = {v!r}" for k, v in params.items()) or "the base"
+
+
+def trial_variants(space: dict[str, dict[str, Any]], most: int) -> list[dict[str, Any]]:
+    """``variants(space)``, or ``one_at_a_time(space)`` where they are more than ``most``."""
+    count = math.prod(len(_values(key, spec)) for key, spec in space.items())
+    return variants(space) if count <= most else one_at_a_time(space)
+
+
+def check_values(base: dict[str, Any], space: dict[str, dict[str, Any]]) -> set[str]:
+    """Every trial's config valid for its algorithm (the combinations, or each value alone where
+    they are more than MAX_COMBINATIONS), before Ray; the keys its algorithm leaves out."""
+    from algorithms import get_algorithm
+    from raysim.compare import for_algorithm
+
+    dropped: set[str] = set()
+    for params in trial_variants(space, MAX_COMBINATIONS):
+        try:
+            cfg = for_algorithm(trial_config(base, params), quiet=True)
+            algo = get_algorithm(cfg.algorithm.name)
+            algo.Params(**(cfg.algorithm.model_extra or {}))  # its own keys, before Ray
+        except ConfigError as exc:
+            raise ConfigError(f"space {label(params)}: {exc}") from None
+        except ValidationError as exc:
+            msg = format_validation_error(exc, algo.Params, prefix="algorithm")
+            raise ConfigError(f"space {label(params)}: {msg}") from None
+        extra = set(trial_config(base, params).algorithm.model_extra or {})
+        dropped |= {f"{cfg.algorithm.name}: {k}" for k in extra - set(algo.Params.model_fields)}
+    return dropped
 
 
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
@@ -111,23 +163,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
     space = raw.get("space") or {}
     if not isinstance(space, dict) or not space:
         raise ConfigError("sweep file: `space` must map dotted config keys to {grid|choice|...}")
-    from algorithms import get_algorithm
-    from raysim.compare import for_algorithm
-
-    dropped: set[str] = set()
-    for key, spec in space.items():
-        for value in _values(key, spec):
-            try:
-                cfg = for_algorithm(trial_config(base, {key: value}), quiet=True)
-                algo = get_algorithm(cfg.algorithm.name)
-                algo.Params(**(cfg.algorithm.model_extra or {}))  # its own keys, before Ray
-            except ConfigError as exc:
-                raise ConfigError(f"space.{key} = {value!r}: {exc}") from None
-            except ValidationError as exc:
-                msg = format_validation_error(exc, algo.Params, prefix="algorithm")
-                raise ConfigError(f"space.{key} = {value!r}: {msg}") from None
-            extra = set(trial_config(base, {key: value}).algorithm.model_extra or {})
-            dropped |= {f"{cfg.algorithm.name}: {k}" for k in extra - set(algo.Params.model_fields)}
+    dropped = check_values(base, space)
     for item in sorted(dropped):  # as `raysim compare`: one file serves every algorithm
         name, key = item.split(": ")
         print(f"raysim: {name} does not take algorithm.{key}: left out", file=sys.stderr)

@@ -18,9 +18,10 @@ from typing import Any
 from raysim.config import ConfigError
 from raysim.rundir import error_text, handlers_kept, out_flag
 from raysim.seeding import public_seed
-from tune.space import Sweep, load_sweep, trial_config
+from tune.space import Sweep, label, load_sweep, trial_config, trial_variants
 
 TUNE_DIR = "tune"
+MAX_PREPARED = 64  # trial configs prepared before Ray (~0.5 s each); beyond, each value alone
 
 
 def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -166,6 +167,22 @@ def check_trials(sweep: Sweep, nodes: list[dict[str, float]]) -> None:
         print(f"raysim: {note}", file=sys.stderr)
 
 
+def check_trials_start(sweep: Sweep) -> None:
+    """Every trial's config prepared (its data built, its noise calibrated) before Ray, as
+    `raysim compare` does: a budget or a split that a trial cannot meet is refused now, naming
+    the trial, not after the other trials ran. The trials are the combinations of the grid and
+    choice values, each range at its two ends, or each value alone past MAX_PREPARED."""
+    from raysim.compare import check_budgets, for_algorithm
+    from raysim.config import dump_config
+
+    distinct: dict[str, tuple[str, Any]] = {}  # e.g. fedavg's trials that differ only in keys
+    for params in trial_variants(sweep.space, MAX_PREPARED):  # it leaves out
+        cfg = for_algorithm(trial_config(sweep.base, params), quiet=True)
+        distinct.setdefault(dump_config(cfg), (label(params), cfg))
+    print(f"raysim: preparing {len(distinct)} trial configurations before Ray", file=sys.stderr)
+    check_budgets(list(distinct.values()), what="trial configurations")
+
+
 def _unfinished_trials(grid: Any) -> int:
     """Trials an interruption left to `--resume`. Read from the state Tune saved: after Ctrl-C
     (or SIGTERM) the trials in memory are all TERMINATED, those saved still running (loaded
@@ -212,6 +229,8 @@ def sweep_main(args: argparse.Namespace) -> int:
     sweep = load_sweep(args.sweep, list(args.set or []))  # user mistakes fail before Ray
     out = Path(out_flag(args.out) or Path("runs") / f"sweep-{sweep.name}").resolve()
     check_out(out, args)
+    if not args.resume:  # a resumed sweep was checked when it started
+        check_trials_start(sweep)
     from raysim.runtime import zygote
 
     runtime = trial_config(sweep.base, {}).runtime
