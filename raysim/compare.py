@@ -331,12 +331,7 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     if args.jobs < 1 or (args.jobs > 1 and not args.inline):
         msg = f"--jobs: expected 1, or a count above 1 with --inline; got {args.jobs}"
         raise ConfigError(msg + ("" if args.inline else " without --inline"))
-    sets = list(args.set or [])
-    configs = [
-        for_algorithm(load_config(args.config, sets + [f"algorithm.name={a}", f"seed={s}"]))
-        for a in algorithms
-        for s in seeds
-    ]
+    configs = configs_of(args.config, list(args.set or []), algorithms, seeds)
     if args.resume and (args.overwrite or not args.out):
         raise ConfigError(
             "--resume: continues the runs in --out DIR; give --out, and not --overwrite"
@@ -374,6 +369,15 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         print(f"raysim compare: failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def configs_of(config: str, sets: list[str], algorithms: list[str], seeds: list[int]) -> list:
+    """The config of each run a compare makes, algorithm by algorithm, seed by seed."""
+    return [
+        for_algorithm(load_config(config, sets + [f"algorithm.name={a}", f"seed={s}"]))
+        for a in algorithms
+        for s in seeds
+    ]
 
 
 def _job(cfg: Any, out: Path, overwrite: bool, resume: bool) -> Job | None:

@@ -186,3 +186,45 @@ def test_readme_command_runs(command, ray_session, in_tmp, capsys):
     err = capsys.readouterr().err
     assert code == 0, err
     assert "Traceback" not in err
+
+
+def _as_written(command: str) -> list[tuple[str, object]] | None:
+    """Every run a README command starts, as (label, config), with the sizes it is written with
+    (optional parts left out); None where it starts none of its own."""
+    from raysim.cli import DEMO_ALGORITHMS
+    from raysim.compare import configs_of, for_algorithm, parser
+    from raysim.config import load_config
+
+    argv = _argv(command, ROOT, [])
+    if argv[0] not in ("run", "compare") or (argv[0] == "run" and "--resume" in argv):
+        return None  # a sweep's trials: test_sweeps_ready; a resumed run: as it was started
+    if argv[0] == "compare":
+        args = parser().parse_args(argv[1:])
+        algorithms, seeds = args.algorithms.split(","), [int(s) for s in args.seeds.split(",")]
+        configs = configs_of(args.config, list(args.set or []), algorithms, seeds)
+        return [(f"{c.algorithm.name} seed {c.seed}", c) for c in configs]
+    sets = [argv[i + 1] for i, t in enumerate(argv) if t == "--set"]
+    given = [t for t in argv[1:] if t.endswith(".yaml")]
+    if given:
+        return [(given[0], load_config(ROOT / given[0], sets))]
+    demo = [load_config(DEMO, [*sets, f"algorithm.name={a}"]) for a in DEMO_ALGORITHMS]
+    return [(cfg.algorithm.name, for_algorithm(cfg, quiet=True)) for cfg in demo]
+
+
+def _starting() -> list:
+    return [
+        pytest.param(c, marks=[needs_fmnist] if f else [], id=f"{i}-{c.split()[1]}")
+        for i, (c, (_, f)) in enumerate(CASES.items())
+        if _as_written(c) is not None
+    ]
+
+
+@pytest.mark.parametrize("command", _starting())
+def test_every_readme_experiment_can_start_as_written(command, capsys):
+    """The runs above are cut down; here each command's own sizes are prepared (its data built,
+    its noise calibrated), as `raysim compare` does before its first run: a budget the command
+    as written cannot meet fails here, not in a user's hands. (The ready sweeps' trials:
+    test_sweeps_ready.)"""
+    from raysim.compare import check_budgets
+
+    check_budgets(_as_written(command))
