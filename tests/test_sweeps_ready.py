@@ -71,6 +71,20 @@ def test_a_trial_that_cannot_start_stops_the_sweep_before_ray(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_past_64_combinations_each_value_is_prepared_alone(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    space = {
+        "privacy.epsilon": {"grid": [20, 30, 40, 50, 60, 70, 80, 90, 100]},
+        "training.lr": {"grid": [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]},
+    }
+    tiny = [*TINY_RDPCFL, "algorithm.eps_select=5", "privacy.epsilon=50"]
+    path.write_text(yaml.safe_dump({"name": "many", "set": tiny, "space": space}))
+    check_trials_start(load_sweep(path))
+    err = capsys.readouterr().err
+    # 9 + 8 values on the base, two of them the base itself (eps 50, the demo's lr 0.5)
+    assert "preparing 16 trial configurations (of 72 combinations, each value alone)" in err
+
+
 def test_failed_trials_make_the_sweep_fail_naming_them(ray_session, tmp_path, capsys, monkeypatch):
     # a failure only the trial meets (its node lost, say) must still be reported: the check
     # before Ray is switched off here so that the refused budget makes one

@@ -118,10 +118,13 @@ def label(params: dict[str, Any]) -> str:
     return ", ".join(f"{k} = {v!r}" for k, v in params.items()) or "the base"
 
 
+def combinations(space: dict[str, dict[str, Any]]) -> int:
+    return math.prod(len(_values(key, spec)) for key, spec in space.items())
+
+
 def trial_variants(space: dict[str, dict[str, Any]], most: int) -> list[dict[str, Any]]:
     """``variants(space)``, or ``one_at_a_time(space)`` where they are more than ``most``."""
-    count = math.prod(len(_values(key, spec)) for key, spec in space.items())
-    return variants(space) if count <= most else one_at_a_time(space)
+    return variants(space) if combinations(space) <= most else one_at_a_time(space)
 
 
 def check_values(base: dict[str, Any], space: dict[str, dict[str, Any]]) -> set[str]:

@@ -18,7 +18,7 @@ from typing import Any
 from raysim.config import ConfigError
 from raysim.rundir import error_text, handlers_kept, out_flag
 from raysim.seeding import public_seed
-from tune.space import Sweep, label, load_sweep, trial_config, trial_variants
+from tune.space import Sweep, combinations, label, load_sweep, trial_config, trial_variants
 
 TUNE_DIR = "tune"
 MAX_PREPARED = 64  # trial configs prepared before Ray (~0.5 s each); beyond, each value alone
@@ -179,7 +179,11 @@ def check_trials_start(sweep: Sweep) -> None:
     for params in trial_variants(sweep.space, MAX_PREPARED):  # it leaves out
         cfg = for_algorithm(trial_config(sweep.base, params), quiet=True)
         distinct.setdefault(dump_config(cfg), (label(params), cfg))
-    print(f"raysim: preparing {len(distinct)} trial configurations before Ray", file=sys.stderr)
+    many = combinations(sweep.space) > MAX_PREPARED
+    how = f" (of {combinations(sweep.space)} combinations, each value alone)" if many else ""
+    print(
+        f"raysim: preparing {len(distinct)} trial configurations{how} before Ray", file=sys.stderr
+    )
     check_budgets(list(distinct.values()), what="trial configurations")
 
 
