@@ -69,6 +69,13 @@ def test_a_trial_that_cannot_start_stops_the_sweep_before_ray(tmp_path, capsys):
     assert "algorithm.eps_select = 5, privacy.epsilon = 1: epsilon=1.0" in err
     assert "cannot be met" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+    # --overwrite replaces an earlier sweep only once the new one is known to start
+    earlier = tmp_path / "earlier"
+    (earlier / "tune").mkdir(parents=True)
+    (earlier / "trials.parquet").write_bytes(b"the earlier sweep's")
+    assert main(["sweep", str(path), "--out", str(earlier), "--overwrite"]) == 2
+    assert (earlier / "trials.parquet").read_bytes() == b"the earlier sweep's"
+    assert (earlier / "tune").is_dir()
 
 
 def test_past_64_combinations_each_value_is_prepared_alone(tmp_path, capsys):

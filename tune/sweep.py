@@ -175,8 +175,9 @@ def check_trials_start(sweep: Sweep) -> None:
     from raysim.compare import check_budgets, for_algorithm
     from raysim.config import dump_config
 
-    distinct: dict[str, tuple[str, Any]] = {}  # e.g. fedavg's trials that differ only in keys
-    for params in trial_variants(sweep.space, MAX_PREPARED):  # it leaves out
+    # one of each config: e.g. fedavg's trials that differ only in keys it leaves out
+    distinct: dict[str, tuple[str, Any]] = {}
+    for params in trial_variants(sweep.space, MAX_PREPARED):
         cfg = for_algorithm(trial_config(sweep.base, params), quiet=True)
         distinct.setdefault(dump_config(cfg), (label(params), cfg))
     many = combinations(sweep.space) > MAX_PREPARED
@@ -219,12 +220,18 @@ def check_out(out: Path, args: argparse.Namespace) -> None:
             f"--out {str(out)!r} already holds a sweep: --resume continues it, --overwrite "
             "replaces it, or choose another --out"
         )
-    if swept and args.overwrite:  # the new sweep's trials must not mix with the old ones'
-        import shutil
 
-        shutil.rmtree(out / TUNE_DIR)
-        for old in ("trials.parquet", "privacy_utility.png", *(p.name for p in out.glob("knob_*"))):
-            (out / old).unlink(missing_ok=True)
+
+def clear_out(out: Path) -> None:
+    """The sweep --overwrite replaces, once the new one is known to start: its trials must not
+    mix with the old ones'."""
+    if not (out / TUNE_DIR).is_dir():
+        return
+    import shutil
+
+    shutil.rmtree(out / TUNE_DIR)
+    for old in ("trials.parquet", "privacy_utility.png", *(p.name for p in out.glob("knob_*"))):
+        (out / old).unlink(missing_ok=True)
 
 
 def sweep_main(args: argparse.Namespace) -> int:
@@ -235,6 +242,8 @@ def sweep_main(args: argparse.Namespace) -> int:
     check_out(out, args)
     if not args.resume:  # a resumed sweep was checked when it started
         check_trials_start(sweep)
+    if args.overwrite:
+        clear_out(out)
     from raysim.runtime import zygote
 
     runtime = trial_config(sweep.base, {}).runtime
