@@ -190,6 +190,12 @@ def test_tiny_sweep_runs_reports_and_resumes(ray_session, tmp_path, capsys):
     assert "accuracy" in capsys.readouterr().out
     assert len(list(out.glob("tune/tiny/*/checkpoint_*/checkpoint.pkl"))) >= 2  # kept by Tune
 
+    # resumed, its trials are made as its first ones were: other settings are refused before Ray
+    other = ["--resume", "--set", "training.momentum=0.5"]
+    assert main(["sweep", str(sweep), "--out", str(out), *other]) == 2
+    err = capsys.readouterr().err
+    assert "was started with other settings (training.momentum)" in err
+    assert "it started with none" in err
     assert main(["sweep", str(sweep), "--out", str(out), "--resume"]) == 0
     again = pd.read_parquet(out / "trials.parquet")
     assert sorted(again["trial_id"]) == sorted(df["trial_id"])
@@ -219,11 +225,11 @@ def test_sigterm_stops_a_sweep_and_says_how_to_resume(tmp_path):
 
     sweep = tmp_path / "sweep.yaml"
     space = {"privacy.epsilon": {"grid": [1, 8]}}
-    sets = [*TINY, "rounds=500"]
-    sweep.write_text(yaml.safe_dump({"name": "tiny", "set": sets, "space": space}))
+    sweep.write_text(yaml.safe_dump({"name": "tiny", "set": TINY, "space": space}))
     out = tmp_path / "out"
+    given = ["--set", "rounds=500", "--set", "data.cluster_sizes=[3, 3]"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raysim.cli", "sweep", str(sweep), "--out", str(out)],
+        [sys.executable, "-m", "raysim.cli", "sweep", str(sweep), "--out", str(out), *given],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -237,7 +243,9 @@ def test_sigterm_stops_a_sweep_and_says_how_to_resume(tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert "interrupted with 2 trials unfinished" in err and "--resume" in err
+    assert "interrupted with 2 trials unfinished" in err
+    # the command to continue, with the --set values the sweep started with (quoted)
+    assert f"--out {out} --resume --set rounds=500 --set 'data.cluster_sizes=[3, 3]'`" in err
     assert "Traceback" not in err
     # a row for each trial that started, with its own values (not the base's for one that
     # never started)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from raysim.config import ConfigError
 from raysim.rundir import error_text, handlers_kept, out_flag
@@ -21,6 +24,7 @@ from raysim.seeding import public_seed
 from tune.space import Sweep, combinations, label, load_sweep, trial_config, trial_variants
 
 TUNE_DIR = "tune"
+SETTINGS = "sweep.yaml"  # what the trials are made from (base, space): --resume keeps to it
 MAX_PREPARED = 64  # trial configs prepared before Ray (~0.5 s each); beyond, each value alone
 
 
@@ -234,13 +238,48 @@ def clear_out(out: Path) -> None:
         (out / old).unlink(missing_ok=True)
 
 
+def set_flags(sets: list[str]) -> list[str]:
+    return [token for item in sets for token in ("--set", item)]
+
+
+def save_settings(out: Path, sweep: Sweep, sets: list[str]) -> None:
+    saved = {"base": sweep.base, "space": sweep.space, "set": sets}
+    (out / SETTINGS).write_text(yaml.safe_dump(saved, sort_keys=False))
+
+
+def check_same_settings(out: Path, sweep: Sweep) -> list[str]:
+    """A resumed sweep's trials are made from what its first ones were: another base (the sweep
+    file's, or --set values) or space is refused, naming the keys; runtime.* may change. The
+    --set values it started with (none known for a sweep started before they were kept)."""
+    from raysim.config import changed_keys, dump_config
+
+    path = out / SETTINGS
+    if not path.is_file():
+        return []
+    saved = yaml.safe_load(path.read_text())
+    before, now = trial_config(saved["base"], {}), trial_config(sweep.base, {})
+    changed = changed_keys(dump_config(before), dump_config(now))
+    changed += ["space"] if saved["space"] != sweep.space else []
+    if changed:
+        sets = shlex.join(set_flags(saved["set"]))
+        raise ConfigError(
+            f"--resume: the sweep in {str(out)!r} was started with other settings "
+            f"({', '.join(changed)}): resume it with the same sweep file and --set values "
+            f"(it started with {sets or 'none'}), or choose another --out"
+        )
+    return list(saved["set"])
+
+
 def sweep_main(args: argparse.Namespace) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     sweep = load_sweep(args.sweep, list(args.set or []))  # user mistakes fail before Ray
     out = Path(out_flag(args.out) or Path("runs") / f"sweep-{sweep.name}").resolve()
     check_out(out, args)
-    if not args.resume:  # a resumed sweep was checked when it started
+    sets = list(args.set or [])
+    if args.resume:  # it was checked when it started
+        sets = check_same_settings(out, sweep) or sets
+    else:
         check_trials_start(sweep)
     if args.overwrite:
         clear_out(out)
@@ -262,6 +301,8 @@ def sweep_main(args: argparse.Namespace) -> int:
         size_to_cluster(sweep, nodes)
         check_trials(sweep, nodes)  # before Tune: it would wait forever on a misfit
         out.mkdir(parents=True, exist_ok=True)
+        if not args.resume:
+            save_settings(out, sweep, sets)
         with handlers_kept(signal.SIGINT, signal.SIGUSR1):
             grid = _tuner(sweep, args, out / TUNE_DIR).fit()
     finally:
@@ -283,9 +324,10 @@ def sweep_main(args: argparse.Namespace) -> int:
     print(f"sweep results: {out}", file=sys.stderr)
     unfinished = _unfinished_trials(grid)
     if unfinished:
+        again = ["raysim", "sweep", args.sweep, "--out", str(out), "--resume", *set_flags(sets)]
         print(
             f"raysim: interrupted with {unfinished} trials unfinished; continue with "
-            f"`raysim sweep {args.sweep} --out {out} --resume`",
+            f"`{shlex.join(again)}`",
             file=sys.stderr,
         )
         return 130
