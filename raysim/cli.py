@@ -214,7 +214,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     demo = args.config is None
     named = any(item.startswith("algorithm.name=") for item in args.set or [])
     default = DEMO_ALGORITHMS if demo and not named else []
-    algorithms = [a for a in args.algorithms.split(",") if a] if args.algorithms else default
+    given = args.algorithms is not None
+    algorithms = [a for a in args.algorithms.split(",") if a] if given else default
     if args.algorithms is not None and not algorithms:
         raise ConfigError("--algorithms: give at least one (comma-separated)")
     if len(set(algorithms)) < len(algorithms):

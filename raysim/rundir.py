@@ -50,6 +50,9 @@ def check_target(out: Path, overwrite: bool) -> None:
     stage = staging_dir(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} exists and is not a directory")
+    above = next((p for p in out.parents if p.exists()), None)  # where it would be made
+    if above is not None and not above.is_dir():
+        raise ConfigError(f"--out: {str(above)!r} exists and is not a directory")
     occupied = out.is_dir() and any(out.iterdir())
     if occupied and not _is_run(out):
         raise ConfigError(

@@ -71,6 +71,18 @@ def test_an_empty_out_is_refused_and_keys_compare_sets_itself_replaced(
     assert message in capsys.readouterr().err
 
 
+def test_an_out_below_a_file_and_an_empty_algorithm_list_are_refused(tmp_path, capsys):
+    afile = tmp_path / "afile.txt"
+    afile.write_text("kept")
+    # the demo's three runs would go below it: refused before Ray, the file kept
+    assert main(["run", "--out", str(afile), "--set", "rounds=2"]) == 2
+    assert f"--out: {str(afile)!r} exists and is not a directory" in capsys.readouterr().err
+    assert afile.read_text() == "kept"
+    assert main(["run", "--algorithms", "", "--out", str(tmp_path / "o")]) == 2
+    assert "--algorithms: give at least one" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_missing_config_file_and_bad_yaml(tmp_path, capsys):
     assert main(["run", str(tmp_path / "missing.yaml")]) == 2
     bad = tmp_path / "bad.yaml"
