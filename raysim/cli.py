@@ -247,6 +247,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             for prep, out in zip(preps, dirs, strict=True):
                 run_one(prep, out, overwrite=args.overwrite)
                 print(f"results: {out}", file=sys.stderr)
+    except KeyboardInterrupt:  # where the results are, and how they go on
+        for out in dirs:
+            if (state := rundir.unfinished(out)) is not None:
+                print(f"raysim: {state.describe()}", file=sys.stderr)
+        rest = [str(d) for d in dirs if not d.exists() and rundir.unfinished(d) is None]
+        if rest:
+            print(f"raysim: not started: {', '.join(rest)}", file=sys.stderr)
+        raise
     finally:
         if started:
             import ray

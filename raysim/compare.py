@@ -24,6 +24,7 @@ import contextlib
 import copy
 import json
 import math
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -350,7 +351,13 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
             for a, cs in by_name.items()
         ]
         check_budgets(firsts, what="algorithms")
-        failed = run_all([j for j in jobs if j], out, args.inline, args.overwrite, args.jobs)
+        try:
+            failed = run_all([j for j in jobs if j], out, args.inline, args.overwrite, args.jobs)
+        except KeyboardInterrupt:
+            again = [*_without_out(list(argv if argv is not None else sys.argv[1:]))]
+            again = ["raysim", "compare", *again, "--out", str(out), "--resume"]
+            print(f"raysim compare: continue with `{shlex.join(again)}`", file=sys.stderr)
+            raise
     runs = collect(out)
     # every run under OUT: a compare of some of its algorithms keeps the others' rows
     text = table(runs, [*algorithms, *sorted(set(runs) - set(algorithms))])
@@ -369,6 +376,19 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         print(f"raysim compare: failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _without_out(argv: list[str]) -> list[str]:
+    """A compare's arguments less --out DIR, --overwrite and --resume (the hint adds its own)."""
+    kept, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token == "--out":
+            skip = True
+        elif not token.startswith("--out=") and token not in ("--overwrite", "--resume"):
+            kept.append(token)
+    return kept
 
 
 def configs_of(config: str, sets: list[str], algorithms: list[str], seeds: list[int]) -> list:

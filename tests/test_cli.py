@@ -244,3 +244,10 @@ def test_process_age_counts_from_the_start_of_the_process():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     elapsed = time.time() - t0
     assert 1.5 <= float(out.stdout) <= elapsed + 0.02
+
+
+def test_an_interrupted_compares_hint_replaces_its_out_and_adds_resume():
+    from raysim.compare import _without_out
+
+    argv = ["c.yaml", "--out", "x", "--overwrite", "--out=y", "--resume", "--seeds", "0,1"]
+    assert _without_out(argv) == ["c.yaml", "--seeds", "0,1"]

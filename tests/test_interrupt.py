@@ -77,6 +77,7 @@ def test_stop_exits_130_without_traceback_and_marks_the_run(tmp_path, stop):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "raysim: interrupted" in err
+    assert f"continue it with `raysim run --resume {out}`" in err  # where it is, how it goes on
     assert family
     deadline = time.monotonic() + 30
     while _alive(family) and time.monotonic() < deadline:
