@@ -234,9 +234,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     dirs = [base / c.algorithm.name for c in configs] if len(configs) > 1 else [base]
     for out in dirs:  # refuse to overwrite results before anything runs
         rundir.check_target(out, args.overwrite)
+    from raysim.runtime.resources import check_before_local_ray
     from raysim.runtime.reuse import kept_actors
     from raysim.runtime.session import ensure_ray
 
+    for prep in preps:  # workers this machine can never place: refused before Ray starts
+        check_before_local_ray(prep.cfg.runtime, len(prep.truth))
     t0 = time.perf_counter()
     # the directories this command makes (base, and runs/ above it the first time): removed
     # again if it stops with them empty

@@ -515,9 +515,12 @@ def run_all(
         if not inline:  # one Ray for all the runs, and their actors kept from one run to the next
             if jobs[0].cfg.runtime.forks_workers:  # before Ray loads and any torch operation
                 zygote.fork_here()
+            from raysim.runtime.resources import check_before_local_ray
             from raysim.runtime.reuse import kept_actors
             from raysim.runtime.session import ensure_ray
 
+            for job in jobs:  # workers this machine can never place: refused before Ray starts
+                check_before_local_ray(job.cfg.runtime, job.cfg.data.num_clients)
             started = ensure_ray(jobs[0].cfg.runtime)
             kept = kept_actors()
         failed = []

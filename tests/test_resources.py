@@ -96,3 +96,29 @@ def test_unplaceable_run_stops_at_once(
     monkeypatch.chdir(tmp_path)
     assert main(many) == 2
     assert needle in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("runtime.gpus_per_worker=1", "this cluster has no GPU"),
+        ("runtime.cpus_per_worker=4", "the run needs 8 CPUs (2 workers x 4 CPU)"),
+    ],
+)
+def test_a_run_this_machine_can_never_place_stops_before_ray_starts(tmp_path, override, needle):
+    """Without a Ray running (a fresh process), the local Ray's resources are known before it
+    starts: the run is refused before it does."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    sets = sum((["--set", s] for s in [*small_config(rounds=1), override]), [])
+    argv = [sys.executable, "-m", "raysim.cli", "run", "--out", str(tmp_path / "o"), *sets]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert needle in done.stderr and "Traceback" not in done.stderr
+    assert "Started a local Ray instance" not in done.stdout + done.stderr
+    assert not (tmp_path / "o").exists()

@@ -140,6 +140,33 @@ def check_cluster(
         print(f"raysim: {note}", file=sys.stderr)
 
 
+def local_node() -> list[dict[str, float]] | None:
+    """The CPUs and GPUs a local Ray starts with, by Ray's own detection (cgroup limits and
+    CUDA_VISIBLE_DEVICES included); None where its internals do not say."""
+    try:
+        from ray._private.accelerators import get_accelerator_manager_for_resource
+        from ray._private.utils import get_num_cpus
+
+        manager = get_accelerator_manager_for_resource("GPU")
+        gpus = float(manager.get_current_node_num_accelerators() or 0)
+        return [{"CPU": float(get_num_cpus()), "GPU": gpus}]
+    except Exception:  # noqa: BLE001 - another Ray: the check waits until Ray is up
+        return None
+
+
+def check_before_local_ray(rt: RuntimeConfig, clients: int) -> None:
+    """check_request before a local Ray starts, against what it would have: a run it could
+    never place stops before Ray starts, not once it is up. Where Ray runs already or a
+    cluster is named, the check is made against it (``check_cluster``)."""
+    import ray
+
+    if rt.address or ray.is_initialized() or (nodes := local_node()) is None:
+        return
+    from raysim.runtime.session import gpus_per_worker
+
+    check_request(rt, gpus_per_worker(rt, nodes[0]["GPU"]), nodes, clients=clients)
+
+
 def sized_cpus_per_worker(num_workers: int, nodes: list[dict[str, float]]) -> float:
     """A trial's cpus_per_worker when the sweep does not pin it: one CPU per worker where the
     cluster has room, else the share that lets one trial run on the largest node."""
