@@ -81,7 +81,8 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"privacy.mode {report['mode']}: eps {_fmt(report['epsilon'])} at delta "
         f"{report['delta']:g} over {report.get('rounds', '?')} rounds (target "
-        f"{_fmt(report['target_epsilon'])}; every client in every round, the worst case)",
+        f"{_fmt(report['target_epsilon'])}; the worst case: every round charged to every "
+        "client, at its sampling rate where clients are sampled)",
         f"noise multiplier: {_fmt(report.get('noise_multiplier'))}",
     ]
     skip = {"mode", "epsilon", "delta", "rounds", "target_epsilon", "noise_multiplier"}
