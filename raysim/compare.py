@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import itertools
 import json
 import math
 import shlex
@@ -203,6 +204,16 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
     return runs
 
 
+def table_order(out: Path) -> list[str]:
+    """The algorithms in the order of the table already in OUT (none: no table yet), so that a
+    compare that adds runs to OUT, or continues them, leaves the rows where they were."""
+    md = out / "compare.md"
+    if not md.is_file():
+        return []
+    rows = itertools.takewhile(lambda line: line.startswith("|"), md.read_text().splitlines())
+    return [row.split("|")[1].strip().split(" (")[0] for row in list(rows)[2:]]
+
+
 def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = None) -> str:
     """Markdown: accuracies in %, mean ± std over seeds; clustering success as k/n seeds."""
     names = [a for a in (order or runs) if a in runs]
@@ -359,8 +370,10 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
             print(f"raysim compare: continue with `{shlex.join(again)}`", file=sys.stderr)
             raise
     runs = collect(out)
-    # every run under OUT: a compare of some of its algorithms keeps the others' rows
-    text = table(runs, [*algorithms, *sorted(set(runs) - set(algorithms))])
+    # every run under OUT: a compare of some of its algorithms keeps the others' rows, each
+    # where the table OUT held had it
+    order = [*table_order(out), *algorithms, *sorted(set(runs) - set(algorithms))]
+    text = table(runs, list(dict.fromkeys(order)))
     from raysim.rundir import find_runs
 
     unfinished = find_runs(out)[1] if out.is_dir() else []

@@ -76,3 +76,5 @@ def test_report_only_reads_every_committed_run(folder, tmp_path, capsys):
     assert sum(len(v) for v in runs.values()) == len(finished)
     text = capsys.readouterr().out
     assert all(f"{u.path}: after round {u.rounds_done}" in text for u in unfinished)
+    # made again, whatever order --algorithms names them in: the committed table, rows kept
+    assert (out / "compare.md").read_text() == (RESULTS / folder / "compare.md").read_text()
