@@ -9,6 +9,7 @@ unfinished and errored ones run again).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shlex
 import signal
@@ -270,6 +271,20 @@ def check_same_settings(out: Path, sweep: Sweep) -> list[str]:
     return list(saved["set"])
 
 
+class _SaidByRaysim(logging.Filter):
+    """Tune's own words on an interrupted sweep: a `Tuner.restore(...)` call to resume it, and a
+    warning per trial that never started. raysim says both itself (the command that continues
+    it, the unfinished trials), and Tune's ~30 lines buried that one line."""
+
+    SAID = ("Experiment has been interrupted", "Failed to fetch metrics")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.SAID)
+
+
+SAID_BY_RAYSIM = _SaidByRaysim()  # one: a logger adds a filter it holds already no more
+
+
 def sweep_main(args: argparse.Namespace) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -294,6 +309,8 @@ def sweep_main(args: argparse.Namespace) -> int:
     from raysim.runtime.session import ensure_ray
     from tune.plots import plot_sweep
 
+    for name in ("ray.tune.tune", "ray.tune.analysis.experiment_analysis"):
+        logging.getLogger(name).addFilter(SAID_BY_RAYSIM)
     started = False
     try:
         started = ensure_ray(runtime)
