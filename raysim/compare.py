@@ -406,8 +406,10 @@ def _without_out(argv: list[str]) -> list[str]:
 
 def configs_of(config: str, sets: list[str], algorithms: list[str], seeds: list[int]) -> list:
     """The config of each run a compare makes, algorithm by algorithm, seed by seed."""
-    return [
-        for_algorithm(load_config(config, sets + [f"algorithm.name={a}", f"seed={s}"]))
+    return [  # the keys an algorithm leaves out said once, not once per seed
+        for_algorithm(
+            load_config(config, [*sets, f"algorithm.name={a}", f"seed={s}"]), s != seeds[0]
+        )
         for a in algorithms
         for s in seeds
     ]
