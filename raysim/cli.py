@@ -216,7 +216,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     default = DEMO_ALGORITHMS if demo and not named else []
     given = args.algorithms is not None
     algorithms = [a for a in args.algorithms.split(",") if a] if given else default
-    if args.algorithms is not None and not algorithms:
+    if given and not algorithms:
         raise ConfigError("--algorithms: give at least one (comma-separated)")
     if len(set(algorithms)) < len(algorithms):
         raise ConfigError(f"--algorithms: each at most once, got {args.algorithms!r}")

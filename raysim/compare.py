@@ -365,8 +365,8 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         try:
             failed = run_all([j for j in jobs if j], out, args.inline, args.overwrite, args.jobs)
         except KeyboardInterrupt:
-            again = [*_without_out(list(argv if argv is not None else sys.argv[1:]))]
-            again = ["raysim", "compare", *again, "--out", str(out), "--resume"]
+            given = _without_out(list(argv if argv is not None else sys.argv[1:]))
+            again = ["raysim", "compare", *given, "--out", str(out), "--resume"]
             print(f"raysim compare: continue with `{shlex.join(again)}`", file=sys.stderr)
             raise
     runs = collect(out)

@@ -136,7 +136,8 @@ def check_values(base: dict[str, Any], space: dict[str, dict[str, Any]]) -> set[
     dropped: set[str] = set()
     for params in trial_variants(space, MAX_COMBINATIONS):
         try:
-            cfg = for_algorithm(trial_config(base, params), quiet=True)
+            made = trial_config(base, params)
+            cfg = for_algorithm(made, quiet=True)
             algo = get_algorithm(cfg.algorithm.name)
             algo.Params(**(cfg.algorithm.model_extra or {}))  # its own keys, before Ray
         except ConfigError as exc:
@@ -144,7 +145,7 @@ def check_values(base: dict[str, Any], space: dict[str, dict[str, Any]]) -> set[
         except ValidationError as exc:
             msg = format_validation_error(exc, algo.Params, prefix="algorithm")
             raise ConfigError(f"space {label(params)}: {msg}") from None
-        extra = set(trial_config(base, params).algorithm.model_extra or {})
+        extra = set(made.algorithm.model_extra or {})
         dropped |= {f"{cfg.algorithm.name}: {k}" for k in extra - set(algo.Params.model_fields)}
     return dropped
 

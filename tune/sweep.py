@@ -185,8 +185,8 @@ def check_trials_start(sweep: Sweep) -> None:
     for params in trial_variants(sweep.space, MAX_PREPARED):
         cfg = for_algorithm(trial_config(sweep.base, params), quiet=True)
         distinct.setdefault(dump_config(cfg), (label(params), cfg))
-    many = combinations(sweep.space) > MAX_PREPARED
-    how = f" (of {combinations(sweep.space)} combinations, each value alone)" if many else ""
+    count = combinations(sweep.space)
+    how = f" (of {count} combinations, each value alone)" if count > MAX_PREPARED else ""
     print(
         f"raysim: preparing {len(distinct)} trial configurations{how} before Ray", file=sys.stderr
     )
