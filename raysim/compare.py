@@ -134,7 +134,7 @@ def run_inline(
             if loop.clients is not None:
                 loop.clients.restore(clients_blob, done)
             elif clients_blob is not None:
-                loop.client_states.update(read_snapshot(clients_blob)[0])
+                loop.client_states.update(read_snapshot(clients_blob).states)
         while done < cfg.rounds:
             row = loop.step()
             done += 1

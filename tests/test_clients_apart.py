@@ -272,22 +272,27 @@ def test_a_resumed_run_restores_the_clients_states(whole, tmp_path):
     assert inline[-1]["accuracy"] == _metrics(whole)["accuracy"].iloc[-1]
 
 
-def test_a_lost_clients_side_is_restarted_from_the_checkpoint(whole, tmp_path):
-    """The clients' side actor dies after round 1 (round 2 already asked for): the session
-    restarts it and the server from round 1's checkpoint, and the run ends as if nothing
-    happened."""
+@pytest.mark.parametrize("lost", ["ClientSide", "Coordinator"])
+def test_a_lost_actor_is_restarted_from_the_checkpoint(whole, tmp_path, lost):
+    """The clients' side actor, or the server's, dies after round 1 (round 2 already asked
+    for): the session restarts the server from round 1's checkpoint, and the run ends as if
+    nothing happened. A lost server leaves the clients' side as it was, with its memory of what
+    the clients released (a device outlives a server's crash); a lost clients' side is new."""
     from multinode_driver import actor_pids
 
     killed: list[int] = []
+    sides: set[int] = set()
 
-    def kill_the_clients_side(row):
+    def kill(row):
+        sides.update(actor_pids("ClientSide"))
         if row["round"] == 1:
-            (pid,) = actor_pids("ClientSide")
+            (pid,) = actor_pids(lost)
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
-    res = run_prepared(_prep(algorithm=PINA), tmp_path / "lost", on_round=kill_the_clients_side)
+    res = run_prepared(_prep(algorithm=PINA), tmp_path / "lost", on_round=kill)
     assert killed and res["coordinator_restarts"] == 1
+    assert len(sides) == (2 if lost == "ClientSide" else 1)
     assert _metrics(tmp_path / "lost").equals(_metrics(whole))
     # nothing is left: not the new clients' side, nor the old server or the new one
     deadline = time.monotonic() + 20  # ray.kill returns before the process has gone
@@ -377,10 +382,10 @@ def test_a_snapshot_is_the_states_after_its_round_even_when_the_next_round_wrote
     side.keep(key, 1, {0: "a1", 1: "b1"}, {})
     side.keep(key, 2, {0: "a2"}, {})  # round 2's workers wrote before round 1's snapshot came
 
-    assert read_snapshot(side.snapshot(key, 1))[0] == {0: "a1", 1: "b1"}
+    assert read_snapshot(side.snapshot(key, 1)).states == {0: "a1", 1: "b1"}
     assert side.admit(key, "evaluate", 2, {0: b"", 1: b""})[0] == {0: "a2", 1: "b1"}
     side.keep(key, 3, {0: "a3"}, {})
-    assert read_snapshot(side.snapshot(key, 3))[0] == {0: "a3", 1: "b1"}
+    assert read_snapshot(side.snapshot(key, 3)).states == {0: "a3", 1: "b1"}
     side.restore(key, side.snapshot(key, 3), 3)
     assert side.admit(key, "evaluate", 3, {0: b"", 1: b""})[0] == {0: "a3", 1: "b1"}
 
@@ -430,12 +435,53 @@ def test_the_clients_side_sums_with_its_own_noise_once_a_round_within_the_plan()
     side.secure_sums(2, [0, 1], noiseless)
     with pytest.raises(PermissionError, match="past the 2 planned"):
         side.secure_sums(3, [0, 1], noiseless)
-    side.restore(key, None, 1)  # round 2 runs again after a restore to round 1
-    side.keep(key, 2, {}, {0: SecureContribution(0, vec)})
-    side.secure_sums(2, [0], noiseless)
     no_sums = ClientSide(key, {}, (), True, 7)
     with pytest.raises(PermissionError, match="releases no secure sum"):
         no_sums.secure_sums(1, [0], noiseless)
+
+
+def test_a_round_run_again_is_summed_over_the_same_members_only():
+    """A round's noise comes from the same stream each time it is summed: after a restart (or a
+    resume), a sum over fewer members would, less the first, give a client's input without
+    noise. The members summed are kept with a snapshot and through a restore, and a round summed
+    again over the same members gives the same bits, within the plan's count."""
+    import torch
+
+    from raysim.modes.secure import SecureAggregator
+    from raysim.runtime.client_side import ClientSide
+
+    key = b"k" * 16
+    spec = {"clip": 1.0, "std": 0.5, "share_cohort": None, "releases": 2}
+    victim = torch.tensor([0.0, 0.8])
+
+    def deposit(side: ClientSide, r: int) -> None:
+        v = torch.tensor([0.6, 0.0])
+        side.keep(key, r, {}, {0: SecureContribution(0, v), 1: SecureContribution(0, victim)})
+
+    agg = SecureAggregator(1, 2, clip=1.0, std=0.0)
+    side = ClientSide(key, {}, (), True, 7, spec)
+    for r in (1, 2):
+        deposit(side, r)
+    first = side.secure_sums(1, [0, 1], agg)
+    blob = side.snapshot(key, 1)
+    second = side.secure_sums(2, [0, 1], agg)
+    side.restore(key, blob, 1)  # a lost coordinator: round 2 runs again
+    deposit(side, 2)
+    with pytest.raises(PermissionError, match="round 2: no secure sum .summed already, over other"):
+        side.secure_sums(2, [0], agg)
+    again = side.secure_sums(2, [1, 0], agg)  # the same members: the same bits, no new release
+    assert torch.equal(again.sums[0], second.sums[0]) and again.counts == second.counts
+    resumed = ClientSide(key, {}, (), True, 7, spec)  # a resumed run's, from the snapshot
+    resumed.restore(key, blob, 1)
+    deposit(resumed, 1)
+    with pytest.raises(PermissionError, match="round 1: no secure sum .summed already"):
+        resumed.secure_sums(1, [0], agg)
+    assert torch.equal(resumed.secure_sums(1, [0, 1], agg).sums[0], first.sums[0])
+    for r in (2, 3):
+        deposit(resumed, r)
+    resumed.secure_sums(2, [0, 1], agg)  # the snapshot's round 1, and this one: the plan's 2
+    with pytest.raises(PermissionError, match="past the 2 planned"):
+        resumed.secure_sums(3, [0, 1], agg)
 
 
 def test_a_secure_sum_in_the_sketch_round_is_charged_too():

@@ -17,7 +17,8 @@ algorithm with their calibrated plan, and the clients' own model.
   share their noise, and their difference would be free of it. A request identical to one
   served already (the same broadcast, task and state: a piece run again after its worker died,
   or the rounds after a restored checkpoint) gives the same bits and is served again. Two
-  tasks of one client in one piece are refused.
+  tasks of one client in one piece are refused. (What was served is kept with each checkpoint
+  and through a lost server; a resumed process knows only what its checkpoint holds.)
 * Every accounted release a client makes in round r must be one its plan holds for it in round
   r (``PrivacyMode.planned_charges``, with a choice where the algorithm may make one then), one
   release per planned charge, and cost no more: DP-SGD at the planned noise or more and the

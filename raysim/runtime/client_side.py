@@ -17,7 +17,9 @@ standing for the clients' devices and the secure-aggregation protocol they submi
   place of a lost one (``new_worker``: the worker is built here, with the key and the clients'
   seed, so neither passes through the server);
 * the driver (the experimenter, not the server) saves and restores the states with each
-  checkpoint (``snapshot``, ``restore``), with the key.
+  checkpoint (``snapshot``, ``restore``), with the key. This side outlives a lost server,
+  as devices would, with its memory of what the clients released; the driver then has it end
+  the workers it started for that server (``end_workers``).
 
 The key (``client_key``) is drawn from the OS, not from the run's seed: it decides no result
 (it only gates who may read), and a key the server could derive from the seed would gate
@@ -39,7 +41,7 @@ from __future__ import annotations
 import hmac
 import pickle
 import secrets
-from typing import Any
+from typing import Any, NamedTuple
 
 from raysim.protocol import SecureContribution, SecureSums
 
@@ -66,8 +68,11 @@ class ClientSide:
         self._key = key
         self._seed = client_seed
         self._secure = secure
-        self._summed: set[int] = set()  # the rounds whose sum was released
+        # round -> the members its sum was released over: a round is summed again (after a
+        # restart, from the same inputs) only over the same members, which gives the same bits
+        self._summed: dict[int, tuple[int, ...]] = {}
         self._worker = (worker_options, worker_args)
+        self._started: list[Any] = []  # the workers started here (new_worker)
         self._snapshots = snapshots
         # client -> [(round written, state)], oldest first; the first entry is the newest one
         # at or before the last snapshot (what a restore of that snapshot would need)
@@ -160,15 +165,24 @@ class ClientSide:
         """The round's noisy per-slot sums over ``members`` (in client-id order, as the
         in-process aggregator adds them); the inputs are dropped once summed. Of the server's
         ``aggregator`` only the shape is taken (slots, dimension): the clip and the noise are
-        this side's own (``SecureSpec``), and a round is summed once, within the planned number
-        of sums, so the server can neither lower the noise nor difference two sums."""
+        this side's own (``SecureSpec``), and a round is summed over one member set, within the
+        planned number of sums, so the server can neither lower the noise nor difference two
+        sums (the noise of a round is drawn from the same stream each time: two member sets
+        would give the inputs of the clients in one and not the other). A round run again after
+        a restart is summed again over the same members, which gives the same bits."""
         from raysim.modes.secure import SecureSpec, secure_noise_rng  # torch: not in the driver
 
         if self._secure is None:
             raise PermissionError("this run releases no secure sum")
         spec = SecureSpec(**self._secure)
-        if round in self._summed or len(self._summed) >= spec.releases:
-            why = "summed already" if round in self._summed else f"past the {spec.releases} planned"
+        over = tuple(sorted(members))
+        earlier = self._summed.get(round)
+        if earlier not in (None, over) or (earlier is None and len(self._summed) >= spec.releases):
+            why = (
+                "summed already, over other members"
+                if earlier is not None
+                else f"past the {spec.releases} planned"
+            )
             raise PermissionError(f"round {round}: no secure sum ({why})")
         deposits = self._deposits.pop(round, {})
         for r in [r for r in self._deposits if r < round]:  # a failed attempt's leftovers
@@ -178,8 +192,8 @@ class ClientSide:
             raise RuntimeError(f"round {round}: no secure input from clients {missing[:10]}")
         rng = secure_noise_rng(self._seed, round)
         agg = spec.aggregator(aggregator.num_slots, aggregator.dim, aggregator.algorithm)
-        sums = agg.aggregate([deposits[c] for c in sorted(members)], rng)
-        self._summed.add(round)
+        sums = agg.aggregate([deposits[c] for c in over], rng)
+        self._summed[round] = over
         return sums
 
     def new_worker(self, index: int) -> Any:
@@ -190,11 +204,23 @@ class ClientSide:
         options, args = self._worker
         me = ray.get_runtime_context().current_actor
         side = (OnRay(me), self._key)
-        return ray.remote(ClientWorker).options(**options).remote(*args, client_side=side)
+        worker = ray.remote(ClientWorker).options(**options).remote(*args, client_side=side)
+        self._started.append(worker)
+        return worker
+
+    def end_workers(self, key: bytes) -> None:
+        """End the workers started here for a server that was lost (this side outlives it)."""
+        import ray
+
+        self._check(key)
+        for worker in self._started:
+            ray.kill(worker)
+        self._started = []
 
     # -- the driver ------------------------------------------------------------------------------
     def snapshot(self, key: bytes, round: int) -> bytes:
-        """The clients' states as they were after ``round``, and what they trained up to it."""
+        """The clients' states as they were after ``round``, and what they released up to it
+        (what they trained and were evaluated on, the rounds summed and over whom)."""
         self._check(key)
         self._snapshot_round = max(self._snapshot_round, round)
         out = {}
@@ -207,31 +233,43 @@ class ClientSide:
             kind: {c: {r: d for r, d in rs.items() if r <= round} for c, rs in memory.items()}
             for kind, memory in self._served.items()
         }
-        return pickle.dumps({"states": out, "served": served}, protocol=pickle.HIGHEST_PROTOCOL)
+        summed = {r: m for r, m in self._summed.items() if r <= round}
+        snap = {"states": out, "served": served, "summed": summed}
+        return pickle.dumps(snap, protocol=pickle.HIGHEST_PROTOCOL)
 
     def restore(self, key: bytes, blob: bytes | None, round: int) -> None:
         """Back to the states of a snapshot after ``round`` (None: a run from round 1). What the
-        clients trained is not forgotten: the rounds after it run again from the same requests
-        (a snapshot written before the clients kept it holds the states alone)."""
+        clients released is not forgotten, the snapshot's nor this side's own: the rounds after
+        it run again from the same requests, and are summed over the same members (a snapshot
+        written before the clients kept it holds the states alone)."""
         self._check(key)
-        states, served = read_snapshot(blob) if blob is not None else ({}, {})
-        for kind, memory in served.items():
+        snap = read_snapshot(blob) if blob is not None else Snapshot({}, {}, {})
+        for kind, memory in snap.served.items():
             mine = self._served.setdefault(kind, {})
             for c, rounds in memory.items():
                 mine[c] = {**rounds, **mine.get(c, {})}
-        self._states = {c: [(round, s)] for c, s in states.items()}
+        self._summed = {**snap.summed, **self._summed}
+        self._states = {c: [(round, s)] for c, s in snap.states.items()}
         self._snapshot_round = round
         self._deposits.clear()
-        self._summed = {r for r in self._summed if r <= round}  # the later ones run again
 
 
-def read_snapshot(blob: bytes) -> tuple[dict[int, Any], dict[str, dict[int, dict[int, bytes]]]]:
-    """(states, what the clients trained) of a ``ClientSide.snapshot``; one written before the
-    clients kept the second holds the states alone."""
+class Snapshot(NamedTuple):
+    """A ``ClientSide.snapshot``: the clients' states; what decided each client's output, per
+    kind, client and round; the members of each round summed."""
+
+    states: dict[int, Any]
+    served: dict[str, dict[int, dict[int, bytes]]]
+    summed: dict[int, tuple[int, ...]]
+
+
+def read_snapshot(blob: bytes) -> Snapshot:
+    """One written before the clients kept what they released holds the states alone (and one
+    before they kept the sums, no sums)."""
     snap = pickle.loads(blob)
     if "states" in snap:
-        return snap["states"], snap["served"]
-    return snap, {}
+        return Snapshot(snap["states"], snap["served"], snap.get("summed", {}))
+    return Snapshot(snap, {}, {})
 
 
 class OnRay:

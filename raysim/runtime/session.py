@@ -134,6 +134,15 @@ class ClientsApart:
     def snapshot(self, round: int) -> Any:
         return self.actor.snapshot.remote(self.key, round)
 
+    def outlived(self, timeout: float) -> bool:
+        """After a lost server: end the workers the actor started for it, and say whether the
+        actor lives (False: it was lost too)."""
+        try:
+            ray.get(self.actor.end_workers.remote(self.key), timeout=timeout)
+            return True
+        except RayActorError:
+            return False
+
     def shutdown(self) -> None:
         ray.kill(self.actor)
 
@@ -235,9 +244,10 @@ def run_session(
             try:
                 if coordinator is None:
                     startup.setdefault("data_in_store", process_age())
-                    if apart:  # new on a restart too: back to the checkpoint's states below
-                        if clients is not None:
-                            clients.shutdown()
+                    # the clients' side outlives a lost server, as devices would, with its
+                    # memory of what they released (back to the checkpoint's states below);
+                    # a lost one is new
+                    if apart and (clients is None or not clients.outlived(timeout)):
                         clients = ClientsApart(prep, data_ref, gpus)
                     if not restarts:  # workers from the driver, in parallel with the coordinator
                         early_workers = _start_workers(prep, data_ref, gpus, trains, clients)
