@@ -195,6 +195,26 @@ def test_a_round_is_trained_from_the_state_before_it():
     assert side.admit(KEY, "evaluate", 2, {0: b"a"}) == ({0: "s2"}, [0])  # after the round
 
 
+def test_a_state_read_back_from_a_snapshot_is_the_same_request():
+    """A lost server restarts from the checkpoint while the clients' side lives on with its
+    memory: the round after it runs again from the snapshot's copy of each state (new tensors,
+    the same values), which is the same request; a state with other values is not."""
+    side = ClientSide(KEY, {}, (), True, 7)
+    state = {"update": torch.arange(6.0).reshape(2, 3), "slot": 1}
+    side.keep(KEY, 1, {0: state}, {})
+    blob = side.snapshot(KEY, 1)
+    side.admit(KEY, "train", 2, {0: b"a"})
+    side.restore(KEY, blob, 1)  # the server's restart: states are the snapshot's copies
+    again = side.admit(KEY, "train", 2, {0: b"a"})[0][0]
+    assert again["update"] is not state["update"] and torch.equal(again["update"], state["update"])
+    other = ClientSide(KEY, {}, (), True, 7)
+    other.keep(KEY, 1, {0: state}, {})
+    other.admit(KEY, "train", 2, {0: b"a"})
+    state["update"][0, 0] = 0.5  # the state the round would start from is another one
+    with pytest.raises(ReleaseRefused, match="again on other inputs"):
+        other.admit(KEY, "train", 2, {0: b"a"})
+
+
 def test_what_the_clients_trained_is_kept_with_a_snapshot():
     side = ClientSide(KEY, {}, (), True, 7)
     side.admit(KEY, "train", 1, {0: b"a"})

@@ -46,7 +46,9 @@ the models the server sends, which are the experimenter's measurements, not DP r
 from __future__ import annotations
 
 import hashlib
+import io
 import pickle
+import sys
 from collections.abc import Sequence
 from dataclasses import fields
 from numbers import Real
@@ -138,8 +140,29 @@ def request_digest(broadcast: bytes, task: ClientTask, group: Sequence[int]) -> 
 
 
 def state_digest(request: bytes, state: Any) -> bytes:
-    blob = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-    return hashlib.blake2b(request + blob, digest_size=16).digest()
+    """The request with the state's contents: the same state restored from a checkpoint (new
+    objects, the same values) digests the same."""
+    out = io.BytesIO()
+    _ContentPickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(state)
+    return hashlib.blake2b(request + out.getvalue(), digest_size=16).digest()
+
+
+class _ContentPickler(pickle.Pickler):
+    """Pickles a tensor as its dtype, shape and bytes. Torch's own pickling names a tensor's
+    storage by its memory address, so a state read back from a snapshot would pickle to other
+    bytes than the one it was saved from, and a round run again after a restart would look like
+    one asked on other inputs. Never unpickled: it only feeds a digest."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")  # not imported: no tensor to meet
+        if torch is None or not isinstance(obj, torch.Tensor):
+            return NotImplemented
+        flat = obj.detach().cpu().contiguous().reshape(-1)
+        return _tensor, (str(obj.dtype), tuple(obj.shape), flat.view(torch.uint8).numpy().tobytes())
+
+
+def _tensor(dtype: str, shape: tuple[int, ...], data: bytes) -> None:
+    """What a tensor is named by in ``_ContentPickler``'s bytes (never called)."""
 
 
 def check_round(kind: str, round: int, cfg: Any) -> None:
