@@ -200,8 +200,39 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
         row["privacy_mode"] = s.get("privacy_mode")
         row["rounds_seconds"] = s.get("rounds_seconds")
         row["stretches"] = s.get("stretches")
+        row["client_seed"] = _client_seed_of(run_dir)
         runs.setdefault(run_dir.parent.name, []).append(row)
     return runs
+
+
+def _client_seed_of(run_dir: Path) -> int | None:
+    """The clients' seed a run recorded (an untrusted server's run: the one given, or the one
+    it drew); None for a trusted server's, or a run made before the clients had one."""
+    import yaml
+
+    path = run_dir / "config.yaml"
+    cfg = yaml.safe_load(path.read_text()) if path.is_file() else None
+    return ((cfg or {}).get("privacy") or {}).get("client_seed")
+
+
+def shared_client_seeds(runs: dict[str, list[dict[str, Any]]], names: Sequence[str]) -> str | None:
+    """A note for the algorithms whose seeds all ran with one clients' seed (a pinned
+    ``privacy.client_seed``): their clients drew the same DP noise, batches and choices in each
+    run, so the spread over seeds is the server's draws alone, not that of independent runs."""
+    shared = {}
+    for a in names:
+        seeds = {r.get("client_seed") for r in runs[a]}
+        if len(runs[a]) > 1 and len(seeds) == 1 and None not in seeds:
+            shared[a] = seeds.pop()
+    if not shared:
+        return None
+    which = "; ".join(f"{a} ({seed})" for a, seed in shared.items())
+    return (
+        f"Seeds sharing one clients' seed (privacy.client_seed, pinned): {which}. Their clients "
+        "drew the same DP noise, batches and choices in every seed, so the std over seeds "
+        "measures the server's draws only (leave privacy.client_seed out: each run draws its "
+        "own)."
+    )
 
 
 def table_order(out: Path) -> list[str]:
@@ -250,7 +281,8 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
         "eps spent: the largest per-client eps; min/run: minutes of rounds per run (summed "
         "over its rounds, across resumes)."
     )
-    for line in machines(runs, names):  # paragraphs of their own
+    shared = shared_client_seeds(runs, names)
+    for line in ([shared] if shared else []) + machines(runs, names):  # paragraphs of their own
         lines += ["", line]
     return "\n".join(lines)
 

@@ -161,6 +161,23 @@ def test_short_inline_run(name, tmp_path):
     assert name in text and "±" not in text  # one seed: no "± 0.00"
 
 
+def test_the_table_says_which_seeds_shared_the_clients_seed(tmp_path):
+    """A pinned privacy.client_seed gives every seed the same clients' noise: the table says so
+    for those runs, and not for runs that drew their own."""
+    for name, client_seed in (("fedavg", "11"), ("local", "null")):
+        for seed in (0, 1):
+            sets = {"algorithm.name": name, "rounds": 1, "model.name": "linear", "seed": seed}
+            cfg = load_config(None, small_config(**sets, **{"privacy.client_seed": client_seed}))
+            prep = prepare(cfg, get_algorithm(name), Environment)
+            write_results(tmp_path / name / f"seed{seed}", prep, run_inline(prep, device="cpu"))
+    runs = collect(tmp_path)
+    assert runs["local"][0]["client_seed"] != runs["local"][1]["client_seed"]  # drawn, recorded
+    text = table(runs)
+    assert "one clients' seed (privacy.client_seed, pinned): fedavg (11). Their" in text
+    assert "local (" not in text
+    assert "pinned" not in table({"fedavg": runs["fedavg"][:1]})  # one seed: nothing shared
+
+
 @pytest.mark.parametrize("name", ["rdpcfl", "ifca"])
 def test_ari_every_round_even_between_evaluations(name):
     """The assignment is the server's: its ARI needs no evaluation, so a run evaluated every
