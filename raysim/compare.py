@@ -219,7 +219,7 @@ def shared_client_seeds(runs: dict[str, list[dict[str, Any]]], names: Sequence[s
     """A note for the algorithms whose seeds all ran with one clients' seed (a pinned
     ``privacy.client_seed``): their clients drew the same DP noise, batches and choices in each
     run, so the spread over seeds is the server's draws alone, not that of independent runs."""
-    shared = {}
+    shared: dict[str, int] = {}
     for a in names:
         seeds = {r.get("client_seed") for r in runs[a]}
         if len(runs[a]) > 1 and len(seeds) == 1 and None not in seeds:
