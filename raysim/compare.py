@@ -208,11 +208,11 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
 def _client_seed_of(run_dir: Path) -> int | None:
     """The clients' seed a run recorded (an untrusted server's run: the one given, or the one
     it drew); None for a trusted server's, or a run made before the clients had one."""
-    import yaml
+    from raysim.config import read_yaml_mapping
 
     path = run_dir / "config.yaml"
-    cfg = yaml.safe_load(path.read_text()) if path.is_file() else None
-    return ((cfg or {}).get("privacy") or {}).get("client_seed")
+    cfg = read_yaml_mapping(path, "the run's config") if path.is_file() else {}
+    return (cfg.get("privacy") or {}).get("client_seed")
 
 
 def shared_client_seeds(runs: dict[str, list[dict[str, Any]]], names: Sequence[str]) -> str | None:
