@@ -186,6 +186,12 @@ class FederatedAlgorithm(Algorithm):
     def privacy_summary(self) -> dict[str, Any]:
         return self.privacy.summary()
 
+    def broadcast_width(self, round: int, dim: int) -> int:
+        """The width of the models training round ``round`` broadcasts, for a client model of
+        ``dim`` weights: the clients take no other (``raysim.modes.device.check_broadcast``).
+        An algorithm whose rounds send something else says so here, from its plan alone."""
+        return dim
+
     def may_select(self, round: int) -> bool:
         """Whether clients may make a private choice in ``round`` (the plan's worst case)."""
         return False

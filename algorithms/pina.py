@@ -134,6 +134,10 @@ class PINA(FederatedAlgorithm):
         """The round whose secure sums initialise the cluster models."""
         return 2 if self.params.init == "kmeans" else self.params.lloyd_iters + 1
 
+    def broadcast_width(self, round: int, dim: int) -> int:
+        """Lloyd's rounds send the centroids of the clients' sketches, not models."""
+        return self.params.sketch_dim if self.phase(round) == "lloyd" else dim
+
     def phase(self, round: int) -> Phase:
         if round < self.init_round():
             return "sketch" if self.params.init == "kmeans" else "lloyd"

@@ -124,14 +124,24 @@ CUT = [  # rounds and clients cut down; everything else as the sweep file says
     f"runtime.round_timeout_s={RAY_TIMEOUT_S}",
 ]
 
+CUT_MORE = {  # what a sweep needs beyond the cut
+    # B up to 12 needs q M / k >= 12 clients per group
+    "rr_cluster_b_x_eps": ["data.num_clients=48", "data.cluster_sizes=[12, 12, 12, 12]"],
+    # PINA's stage 1 takes lloyd_iters (>= 2) rounds and the next initialises: 4 rounds see
+    # every phase (Lloyd's, initialisation, training)
+    "pina_eps_x_c_x_normality": ["rounds=4", "algorithm.lloyd_iters=2"],
+}
+
+
+def test_every_cut_names_a_ready_sweep():
+    assert set(CUT_MORE) <= {p.stem for p in SWEEPS}
+
 
 @pytest.mark.slow
 @pytest.mark.skipif(not FMNIST.is_dir(), reason="Fashion-MNIST not installed")
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
 def test_ready_sweep_runs_cut_down(path, ray_session, tmp_path, capsys):
-    cut = list(CUT)
-    if path.stem == "rr_cluster_b_x_eps":  # B up to 12 needs q M / k >= 12 clients per group
-        cut += ["data.num_clients=48", "data.cluster_sizes=[12, 12, 12, 12]"]
+    cut = [*CUT, *CUT_MORE.get(path.stem, [])]
     sets = sum((["--set", s] for s in cut), [])
     assert main(["sweep", str(path), "--out", str(tmp_path / "out"), *sets]) == 0
     assert (tmp_path / "out" / "trials.parquet").is_file()

@@ -9,8 +9,10 @@ stands for the devices (``check_broadcast``, ``check_round``, ``vet_releases``),
 only what the driver (the experimenter) gave the clients before the run: the mode and the
 algorithm with their calibrated plan, and the clients' own model.
 
-* A broadcast is taken only as finite float32 rows of the client's model size: the same bytes
-  read as another dtype or width would be other weights passing for the same request.
+* A broadcast is taken only as finite float32 rows of the client's model size (in a training
+  round whose algorithm sends something else, the width its plan sets: PINA's Lloyd's rounds
+  send centroids of the clients' sketches): the same bytes read as another dtype or width would
+  be other weights passing for the same request.
 * A client trains a round at most once, and only a round 1..R of the run; it is evaluated only
   after the rounds the run evaluates, once each. Its noise and batches in round r are drawn from
   (the clients' seed, r, client): two releases of one round made from different inputs would
@@ -82,14 +84,15 @@ class ReleaseRefused(PermissionError):
         self.spent = spent
 
 
-def check_broadcast(models: Any, dim: int) -> np.ndarray:
-    """The broadcast as the clients take it: finite float32 rows of their model's size (none
-    for a round without models). Another dtype or width would be the same bytes read as other
-    weights, and could pass for the same request."""
+def check_broadcast(models: Any, width: int) -> np.ndarray:
+    """The broadcast as the clients take it: finite float32 rows of ``width`` (their model's
+    size, or what the algorithm's plan sends in the round; none for a round without models).
+    Another dtype or width would be the same bytes read as other weights, and could pass for
+    the same request."""
     if not isinstance(models, np.ndarray) or models.dtype != np.float32 or models.ndim != 2:
         raise ReleaseRefused("the broadcast must be a 2-D float32 array")
-    if models.shape[0] and models.shape[1] != dim:
-        raise ReleaseRefused(f"the broadcast's models have {models.shape[1]} weights, not {dim}")
+    if models.shape[0] and models.shape[1] != width:
+        raise ReleaseRefused(f"the broadcast's rows have {models.shape[1]} values, not {width}")
     if not np.isfinite(models).all():
         raise ReleaseRefused("the broadcast must be finite")
     return np.ascontiguousarray(models)

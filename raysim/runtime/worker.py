@@ -84,9 +84,17 @@ class ClientWorker(Renewable):
         (``modes.device``)."""
         if self.client_side is None:
             return self._run(kind, round, self._broadcast(models), groups)
-        from raysim.modes.device import ReleaseRefused, check_broadcast, vet_releases
+        from raysim.modes.device import (
+            ReleaseRefused,
+            check_broadcast,
+            check_round,
+            vet_releases,
+        )
 
-        models = check_broadcast(models, self.trainer.dim)
+        check_round(kind, round, self.algorithm.cfg)
+        dim = self.trainer.dim
+        width = dim if kind == "evaluate" else self.algorithm.broadcast_width(round, dim)
+        models = check_broadcast(models, width)
         new = self._admit(kind, round, models, groups)
         try:
             out = self._run(kind, round, self._broadcast(models), groups)
@@ -139,13 +147,11 @@ class ClientWorker(Renewable):
         from raysim.modes.device import (
             ReleaseRefused,
             broadcast_digest,
-            check_round,
             check_task,
             request_digest,
         )
 
         side, key = self.client_side  # type: ignore[misc]
-        check_round(kind, round, self.algorithm.cfg)
         tasks, sent = [t for g in groups for t in g], broadcast_digest(models)
         for t in tasks:
             check_task(t)
