@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import RAY_TIMEOUT_S
 
-from algorithms import Environment
+from algorithms import ALGORITHMS, Environment
 from algorithms.pina import PINA
 from raysim.compare import for_algorithm, inline_loop, run_inline
 from raysim.config import load_config
@@ -194,6 +194,65 @@ def test_without_ray_the_clients_run_in_a_child_process():
         for col in ("probe_inputs", "probe_report_states", "probe_kept", "probe_plan_states"):
             assert row[col] == 0, (col, row)
     assert [row.get("probe_regenerated") for row in res["history"]] == [None, 0, 0, 0, 0]
+
+
+UNTRUSTED = ("sample", "distributed", "dprivacy")
+# (algorithm, its keys): every registered algorithm under every untrusted mode it takes, and
+# each way of a stage 1 that sends something else than models (PINA's Lloyd's rounds)
+STAGES = {
+    "pina": [["algorithm.init=kmeans"], ["algorithm.init=lloyd", "algorithm.lloyd_iters=2"]],
+    "kmeans_cfl_sketch": [
+        ["algorithm.init=kmeans"],
+        ["algorithm.init=lloyd", "algorithm.lloyd_iters=2"],
+    ],
+}
+APART = [
+    pytest.param(name, mode, sets, id="-".join([name, mode, *(s.split("=")[1] for s in sets)]))
+    for name, cls in sorted(ALGORITHMS.items())
+    for mode in cls.privacy_modes
+    if mode in UNTRUSTED
+    for sets in STAGES.get(name, [[]])
+]
+
+
+@pytest.mark.parametrize("name, mode, sets", APART)
+def test_every_algorithm_runs_with_its_clients_apart_as_in_one_process(name, mode, sets):
+    """What the clients' devices take and check (raysim.modes.device) is what each algorithm
+    sends and releases: its run with the clients in a child process, behind the device rules,
+    gives every round's metrics as with the clients in this process."""
+    sets = [
+        "rounds=5",
+        "data.dataset=digits",
+        "data.num_clients=8",
+        "data.cluster_sizes=[4,4]",
+        "model.name=linear",
+        "training.batch_size=16",
+        "training.eval_every=2",
+        f"algorithm.name={name}",
+        f"privacy.mode={mode}",
+        "privacy.epsilon=8",
+        "privacy.delta=1e-7",
+        "privacy.population=1000000",  # distributed: its noise-cohort convention
+        f"privacy.client_seed={CLIENT_SEED}",
+        "runtime.progress=false",
+        *sets,
+    ]
+    rows = []
+    for apart in (False, True):
+        cfg = for_algorithm(load_config(None, sets), quiet=True)
+        loop = inline_loop(prepare(cfg, ALGORITHMS[name], Environment), apart=apart)
+        try:
+            rows.append([loop.step() for _ in range(cfg.rounds)])
+        finally:
+            if loop.clients is not None:
+                loop.clients.close()
+    assert (loop.clients is not None) and rows[1][-1]["participants"] > 0
+
+    def comparable(row: dict) -> dict:  # nan (metric DP's eps) is not equal to itself
+        skip = ("round_seconds",)
+        return {k: "nan" if v != v else v for k, v in row.items() if k not in skip}
+
+    assert [comparable(r) for r in rows[0]] == [comparable(r) for r in rows[1]]
 
 
 def test_the_clients_seed_is_what_keeps_the_noise_from_the_server():

@@ -253,27 +253,6 @@ def test_two_runs_with_one_seed_are_identical(source):
     assert all(torch.equal(a, b) for a, b in zip(*models, strict=True))
 
 
-def test_lloyds_stage_runs_with_the_clients_apart_as_in_one_process():
-    """Lloyd's rounds broadcast the centroids of the clients' sketches, not models: the
-    clients' devices take them (the width the algorithm's plan sets for the round,
-    ``broadcast_width``), and the run gives what it gives with the clients in this process."""
-    sets = [*SMALL, "algorithm.init=lloyd", "algorithm.lloyd_iters=2"]
-    rows = {}
-    for apart in (False, True):
-        loop = inline_loop(prep_for(*sets), apart=apart)
-        try:
-            phases = [loop.algorithm.phase(r) for r in range(1, 5)]
-            rows[apart] = [loop.step() for _ in range(4)]
-        finally:
-            if loop.clients is not None:
-                loop.clients.close()
-    assert phases == ["lloyd", "lloyd", "init", "train"]
-    same = [
-        [{k: v for k, v in r.items() if k != "round_seconds"} for r in rs] for rs in rows.values()
-    ]
-    assert same[0] == same[1] and "accuracy" in same[0][-1]
-
-
 # ---------------------------------------------------------------------- stage 1 quality
 
 
