@@ -20,7 +20,11 @@ from raysim.config import load_config
 from raysim.experiment import prepare, run_prepared
 
 SETTINGS = {
-    "rounds": 3,
+    # the fault comes 0.25 s after round 1 is reported, which the driver does while round 2
+    # runs: in round 2, or in round 3 where rounds are that fast; a round after it then hands
+    # the lost worker a piece (with 3 rounds a fault late in round 3 could find nothing to
+    # recover, or no worker left)
+    "rounds": 4,
     "model.name": "mlp",
     "algorithm.name": "ifca",
     "training.local_epochs": 4,
