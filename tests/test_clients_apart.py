@@ -197,15 +197,10 @@ def test_without_ray_the_clients_run_in_a_child_process():
 
 
 UNTRUSTED = ("sample", "distributed", "dprivacy")
-# (algorithm, its keys): every registered algorithm under every untrusted mode it takes, and
-# each way of a stage 1 that sends something else than models (PINA's Lloyd's rounds)
-STAGES = {
-    "pina": [["algorithm.init=kmeans"], ["algorithm.init=lloyd", "algorithm.lloyd_iters=2"]],
-    "kmeans_cfl_sketch": [
-        ["algorithm.init=kmeans"],
-        ["algorithm.init=lloyd", "algorithm.lloyd_iters=2"],
-    ],
-}
+# every registered algorithm under every untrusted mode it takes, and each kind of stage 1 of
+# the algorithms that have one (Lloyd's rounds send sketch centroids, not models)
+STAGE1 = [["algorithm.init=kmeans"], ["algorithm.init=lloyd", "algorithm.lloyd_iters=2"]]
+STAGES = {"pina": STAGE1, "kmeans_cfl_sketch": STAGE1}
 APART = [
     pytest.param(name, mode, sets, id="-".join([name, mode, *(s.split("=")[1] for s in sets)]))
     for name, cls in sorted(ALGORITHMS.items())
