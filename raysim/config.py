@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-DATASETS = ("digits", "fmnist", "mnist", "synthetic_linear", "cifar10")
+DATASETS = ("digits", "fmnist", "mnist", "synthetic_linear", "cifar10", "npz")
 SHIFTS = ("none", "rotation", "label_flip")
 PRIVACY_MODES = ("none", "sample", "client", "distributed", "dprivacy")  # raysim.modes
 DEMO_CONFIG = Path(__file__).with_name("demo.yaml")  # the default experiment
@@ -119,12 +119,18 @@ class DataConfig(_Section):
             raise ValueError("cluster ratios must be a non-empty list of positive numbers")
         return v
 
-    @field_validator("root")
-    @classmethod
-    def _root_exists(cls, v: str | None) -> str | None:
-        if v is not None and not Path(v).expanduser().is_dir():
-            raise ValueError(f"data directory {v!r} does not exist")
-        return v
+    @model_validator(mode="after")
+    def _root_exists(self) -> DataConfig:
+        root = None if self.root is None else Path(self.root).expanduser()
+        if self.dataset == "npz":  # the researcher's own arrays (raysim.data.arrays)
+            if root is None or not root.is_file():
+                raise ValueError(
+                    f"data.root: dataset npz reads the .npz file data.root names; "
+                    f"{'none is given' if root is None else f'there is no file {self.root!r}'}"
+                )
+        elif root is not None and not root.is_dir():
+            raise ValueError(f"data.root: data directory {self.root!r} does not exist")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -20,7 +20,8 @@ per batch) or ``torch.from_numpy(x.copy())``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from raysim.config import DataConfig
 from raysim.data.partition import (
     allocate_dirichlet,
     allocate_iid,
+    allocate_natural,
     apply_shift,
     cluster_assignment,
     split_train_test,
@@ -153,7 +155,7 @@ class FederatedDataset:
             "task": self.task,
             "dataset": self.dataset,
             "meta": {k: np.asarray(v).tolist() for k, v in self.meta.items()},
-            "pixels": None if self.pixels is None else self.pixels.dataset,
+            "pixels": None if self.pixels is None else asdict(self.pixels),
         }
         table = self.table.replace_schema_metadata({"raysim": json.dumps(header)})
         pq.write_table(table, path)
@@ -177,8 +179,19 @@ class FederatedDataset:
             task=header["task"],
             dataset=header["dataset"],
             meta=meta,
-            pixels=PixelCodec(header["pixels"]) if header.get("pixels") else None,
+            pixels=_codec(header.get("pixels")),
         )
+
+
+def _codec(header: str | dict[str, Any] | None) -> PixelCodec | None:
+    """A table's codec: its fields, or (files written before codecs carried statistics) the
+    built-in dataset's name."""
+    if not header:
+        return None
+    if isinstance(header, str):
+        return PixelCodec(header)
+    stats = {k: tuple(v) if isinstance(v, list) else v for k, v in header.items()}
+    return PixelCodec(**stats)
 
 
 def make_table(x: np.ndarray, y: np.ndarray, source_index: np.ndarray) -> pa.Table:
@@ -217,7 +230,17 @@ def _arrow(values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
 
 
-def _allocate(cfg: DataConfig, base: BaseData, seed: int) -> np.ndarray:
+def _allocate(cfg: DataConfig, base: BaseData, seed: int) -> Sequence[np.ndarray]:
+    if base.client is not None:  # the file's own partition
+        for key in ("dirichlet_alpha", "samples_per_client"):
+            if getattr(cfg, key) is not None:
+                raise ValueError(
+                    f"data.{key}: the file's client ids give each client its rows; remove it"
+                )
+        keep = (
+            private_pool(base, cfg.public_pretrain_samples) if cfg.public_pretrain_samples else None
+        )
+        return allocate_natural(base.client, cfg.num_clients, keep)
     if cfg.public_pretrain_samples:  # the public slice never reaches a client
         pool = private_pool(base, cfg.public_pretrain_samples)
         return pool[_allocate_rows(cfg, base.y[pool], base.num_classes, seed)]
@@ -275,7 +298,7 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
     # images travel as their uint8 pixels (rotated as they are), standardised when read
     x = base.images(rows) if base.pixels is None else base.pixels[rows]
     y = base.y[rows]
-    if base.task == "classification":
+    if cfg.dataset != "synthetic_linear":  # its clusters differ by their true weights
         apply_shift(x, y, np.repeat(clusters, np.diff(offsets)), cfg.shift, base.num_classes)
     return FederatedDataset(
         table=make_table(x, y, rows),
@@ -287,5 +310,5 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
         task=base.task,
         dataset=cfg.dataset,
         meta=meta,
-        pixels=None if base.pixels is None else PixelCodec(cfg.dataset),
+        pixels=base.codec if base.pixels is not None else None,
     )

@@ -113,6 +113,29 @@ def allocate_iid(
     return np.stack([rng.choice(pool_size, n, replace=False) for _ in range(num_clients)])
 
 
+def allocate_natural(
+    client_ids: np.ndarray, num_clients: int, keep: np.ndarray | None = None
+) -> list[np.ndarray]:
+    """The data's own partition: one client per distinct id, in increasing id order, holding the
+    rows with that id (of ``keep``, when given). Clients may differ in size."""
+    rows = np.arange(len(client_ids), dtype=np.int64) if keep is None else np.asarray(keep)
+    ids, first = np.unique(client_ids[rows], return_inverse=True)
+    if len(ids) != num_clients:
+        raise ValueError(
+            f"data.num_clients={num_clients}, but the data's client ids name {len(ids)} "
+            f"clients; set data.num_clients: {len(ids)}"
+        )
+    sizes = np.bincount(first, minlength=len(ids))
+    if sizes.min() < 2:
+        small = ids[sizes < 2][:10].tolist()
+        raise ValueError(
+            f"data: clients {small} of the data's client ids have fewer than 2 rows; a client "
+            "needs at least 2 for its train/test split"
+        )
+    order = np.argsort(first, kind="stable")  # rows grouped by client, in row order within
+    return np.split(rows[order], np.cumsum(sizes)[:-1])
+
+
 def allocate_dirichlet(
     labels: np.ndarray,
     num_clients: int,
@@ -206,7 +229,10 @@ def apply_shift(
     if shift == "none":
         return
     if shift == "rotation" and (x.ndim != 4 or x.shape[-1] != x.shape[-2]):
-        raise ValueError(f"data.shift='rotation' needs square images (N, C, H, H), got {x.shape}")
+        raise ValueError(
+            f"data.shift='rotation' needs square images (N, C, H, H), got {x.shape}; "
+            "set data.shift to none or label_flip"
+        )
     if shift == "label_flip" and num_classes <= 0:
         raise ValueError("data.shift='label_flip' needs a classification dataset")
     for k in (int(v) for v in np.unique(row_cluster)):

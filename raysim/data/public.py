@@ -46,6 +46,6 @@ def load_public_slice(
         raise ValueError(f"data.public_pretrain_samples must be >= 1, got {samples}")
     if dataset == "synthetic_linear":
         raise ValueError("data.public_pretrain_samples: synthetic_linear has no public slice")
-    base = load_base(dataset, root, 0, DataConfig(dataset=dataset))
+    base = load_base(dataset, root, 0, DataConfig(dataset=dataset, root=root))
     idx = public_indices(base, samples)
     return base.images(idx), base.y[idx].copy()

@@ -50,6 +50,8 @@ class BaseData:
     # Image datasets: the uint8 pixels, (N, C, H, W), and how they become standardised floats
     pixels: np.ndarray | None = None
     codec: PixelCodec | None = None
+    # Each row's client id where the file gives the natural partition (raysim.data.arrays)
+    client: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.y)
@@ -136,6 +138,10 @@ def load_base(name: str, root: str | None, seed: int, cfg: DataConfig) -> BaseDa
         return load_idx_dataset(name, root)
     if name == "cifar10":
         return load_cifar10(root)
+    if name == "npz":
+        from raysim.data.arrays import load_npz
+
+        return load_npz(root)
     if name == "synthetic_linear":
         raise ValueError(
             "synthetic_linear is generated per client from the cluster assignment; "
@@ -150,7 +156,11 @@ PIXEL_SCALE: dict[str, float] = {"digits": 16.0, "mnist": 255.0, "fmnist": 255.0
 
 def normalize(name: str, x01: np.ndarray) -> np.ndarray:
     """Standardise [0, 1] images in place with the dataset's per-channel mean/std."""
-    mean, std = NORMALIZATION[name]
+    return standardize(x01, *NORMALIZATION[name])
+
+
+def standardize(x01: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """``(x01 - mean) / std`` per channel, in place."""
     m = np.asarray(mean, np.float32).reshape(1, -1, 1, 1)
     s = np.asarray(std, np.float32).reshape(1, -1, 1, 1)
     x01 -= m
@@ -163,12 +173,18 @@ class PixelCodec:
     """Images kept as their uint8 pixels and standardised when read: the loaders make their
     float32 images with this very function, so a client's decoded rows have the loader's bits,
     and the population's table is 4x smaller in the object store (Fashion-MNIST: 55 MB, not
-    220)."""
+    220). A built-in dataset's scale and statistics are its published ones (named by
+    ``dataset``); a file's (``raysim.data.arrays``) are carried here."""
 
     dataset: str
+    scale: float | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        return normalize(self.dataset, codes.astype(np.float32) / PIXEL_SCALE[self.dataset])
+        if self.mean is None or self.std is None or self.scale is None:
+            return normalize(self.dataset, codes.astype(np.float32) / PIXEL_SCALE[self.dataset])
+        return standardize(codes.astype(np.float32) / np.float32(self.scale), self.mean, self.std)
 
 
 def load_digits() -> BaseData:

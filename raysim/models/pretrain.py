@@ -6,9 +6,9 @@ the last ``data.public_pretrain_samples`` training images, unrotated, never give
 with Adam, a seeded shuffle and one torch thread (thread count can change float reductions), and
 stored at ``~/.cache/raysim/pretrained/<key>.pt`` (``RAYSIM_PRETRAINED_DIR`` overrides the
 folder). ``<key>`` hashes everything the weights depend on: architecture and its arguments,
-input shape, classes, dataset, slice size, the training settings and the torch version. Any
-process that needs the base loads that file, or trains it (same bits) when it is missing; writes
-are atomic, so two processes racing to create it are harmless.
+input shape, classes, dataset (an npz file's contents), slice size, the training settings and
+the torch version. Any process that needs the base loads that file, or trains it (same bits)
+when it is missing; writes are atomic, so two processes racing to create it are harmless.
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ def cache_key(
         "settings": asdict(settings),
         "torch": torch.__version__,
     }
+    if public.dataset == "npz" and public.root is not None:  # a file is named by its bytes
+        desc["file"] = hashlib.sha256(Path(public.root).expanduser().read_bytes()).hexdigest()
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:20]
 
 

@@ -1,0 +1,162 @@
+"""A researcher's own data: one NumPy ``.npz`` file (``data.dataset: npz``, ``data.root: FILE``).
+
+The file holds either one pool, ``x`` and ``y``, or a training and a test part, ``x_train``,
+``y_train``, ``x_test``, ``y_test`` (merged into one pool, training rows first, as the built-in
+datasets' files are). Each client's train/test split is then drawn from its rows like theirs.
+
+- ``x``: images ``(N, C, H, W)`` or ``(N, H, W)`` (one channel), or features ``(N, d)``.
+  uint8 images are kept as pixels and standardised when read, with the per-channel mean and
+  standard deviation of the whole pool (``PixelCodec``); any other numbers are used as they are,
+  as float32 (the file's own preprocessing).
+- ``y``: integer class labels ``0..C-1`` (classification, C = the largest label + 1, or the
+  file's ``num_classes``), or floating-point targets (regression).
+- ``client`` (``client_train`` and ``client_test`` with the split layout), optional: each row's
+  client id. It gives the natural partition (one client per id, in increasing id order, holding
+  exactly its rows) instead of a drawn one.
+
+Every mistake is a ``ValueError`` naming the key and what is allowed, so the CLI stops with it
+before Ray starts.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from raysim.data.sources import BaseData, DataNotFoundError, PixelCodec
+
+POOL_KEYS = ("x", "y")
+SPLIT_KEYS = ("x_train", "y_train", "x_test", "y_test")
+OPTIONAL_KEYS = ("client", "client_train", "client_test", "num_classes")
+LAYOUT = (
+    "x and y (optionally client), or x_train, y_train, x_test and y_test (optionally "
+    "client_train and client_test), and optionally num_classes"
+)
+
+
+def load_npz(path: str | None) -> BaseData:
+    """The pooled dataset of the ``.npz`` file at ``path`` (``data.root``)."""
+    if path is None:
+        raise DataNotFoundError("data.root: data.dataset='npz' reads the .npz file data.root names")
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise DataNotFoundError(f"data.root: {str(file)!r} is not a file (npz needs a .npz file)")
+    try:
+        with np.load(file, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise ValueError(f"data.root: {str(file)!r} is not a readable .npz file ({exc})") from None
+    return base_from_arrays(arrays, f"data.root {str(path)!r}")
+
+
+def base_from_arrays(arrays: dict[str, np.ndarray], name: str = "npz") -> BaseData:
+    """``BaseData`` from the arrays of an ``.npz`` file; ``name`` labels the messages."""
+    keys = set(arrays)
+    unknown = sorted(keys - set(POOL_KEYS + SPLIT_KEYS + OPTIONAL_KEYS))
+    if unknown:
+        raise ValueError(f"{name}: unknown arrays {unknown}; an npz dataset holds {LAYOUT}")
+    if keys >= set(SPLIT_KEYS) and not keys & set(POOL_KEYS):
+        parts = [("x_train", "y_train", "client_train"), ("x_test", "y_test", "client_test")]
+        if ("client_train" in keys) != ("client_test" in keys) or "client" in keys:
+            raise ValueError(f"{name}: with x_train/x_test give client_train and client_test")
+    elif keys >= set(POOL_KEYS) and not keys & set(SPLIT_KEYS):
+        parts = [("x", "y", "client")]
+        if keys & {"client_train", "client_test"}:
+            raise ValueError(f"{name}: with x and y give client, not client_train/client_test")
+    else:
+        mixed = "both layouts, " if keys & set(POOL_KEYS) and keys & set(SPLIT_KEYS) else ""
+        raise ValueError(f"{name}: holds {mixed}{sorted(keys)}; an npz dataset holds {LAYOUT}")
+    xs = [_features(arrays[x], x, name) for x, _, _ in parts]
+    ys = [_labels(arrays[y], y, len(arrays[x]), name) for x, y, _ in parts]
+    if len({x.shape[1:] for x in xs}) != 1 or len({x.dtype for x in xs}) != 1:
+        raise ValueError(f"{name}: x_train {xs[0].shape} and x_test {xs[1].shape} differ per row")
+    if len({y.dtype.kind for y in ys}) != 1:
+        raise ValueError(f"{name}: y_train and y_test must both be labels or both targets")
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    clients = None
+    if parts[0][2] in keys:
+        clients = np.concatenate(
+            [_client_ids(arrays[c], c, len(arrays[xk]), name) for xk, _, c in parts]
+        )
+    train_rows = len(xs[0]) if len(parts) == 2 else None
+    task, num_classes = _task(y, arrays.get("num_classes"), name)
+    if x.dtype == np.uint8 and x.ndim == 4:
+        codec = pixel_codec(x)
+        return BaseData(None, y, num_classes, task, train_rows, x, codec, clients)
+    return BaseData(x.astype(np.float32), y, num_classes, task, train_rows, None, None, clients)
+
+
+def pixel_codec(pixels: np.ndarray) -> PixelCodec:
+    """Standardisation by the pool's own per-channel mean and std of the [0, 1]-scaled pixels
+    (the built-in datasets use their published ones), from each channel's histogram of the 256
+    values: exact, whatever the order of the rows, and without a float copy of the images."""
+    mean, std = [], []
+    values = np.arange(256, dtype=np.float64) / 255.0
+    for c in range(pixels.shape[1]):
+        counts = np.bincount(pixels[:, c].ravel(), minlength=256).astype(np.float64)
+        m = float(counts @ values / counts.sum())
+        s = float(np.sqrt(counts @ (values - m) ** 2 / counts.sum()))
+        mean.append(m)
+        std.append(s if s > 0 else 1.0)  # a constant channel: centred, not scaled
+    return PixelCodec("npz", 255.0, tuple(mean), tuple(std))
+
+
+def _features(x: np.ndarray, key: str, name: str) -> np.ndarray:
+    if x.dtype.kind not in "uif" or x.ndim not in (2, 3, 4) or len(x) == 0:
+        raise ValueError(
+            f"{name}: {key} must be a non-empty numeric array (N, C, H, W), (N, H, W) or (N, d), "
+            f"got {x.dtype} {x.shape}"
+        )
+    if x.ndim == 3:
+        x = x[:, None]  # (N, H, W): one channel
+    if x.ndim == 4 and x.shape[-1] in (1, 3, 4) and x.shape[1] not in (1, 3, 4):
+        raise ValueError(
+            f"{name}: {key} {x.shape} looks channels-last; images are (N, C, H, W): "
+            f"save x.transpose(0, 3, 1, 2)"
+        )
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+        raise ValueError(f"{name}: {key} holds NaN or infinite values")
+    return x
+
+
+def _labels(y: np.ndarray, key: str, rows: int, name: str) -> np.ndarray:
+    if y.shape != (rows,):
+        raise ValueError(
+            f"{name}: {key} must be one value per row of x, shape ({rows},), got {y.shape}"
+        )
+    if y.dtype.kind in "iu":
+        if len(y) and y.min() < 0:
+            raise ValueError(f"{name}: {key}: class labels must be 0, 1, ..., got {int(y.min())}")
+        return y.astype(np.int64)
+    if y.dtype.kind == "f":
+        if not np.isfinite(y).all():
+            raise ValueError(f"{name}: {key} holds NaN or infinite targets")
+        return y.astype(np.float32)
+    raise ValueError(f"{name}: {key} must hold integer labels or float targets, got {y.dtype}")
+
+
+def _client_ids(c: np.ndarray, key: str, rows: int, name: str) -> np.ndarray:
+    if c.shape != (rows,) or c.dtype.kind not in "iu":
+        raise ValueError(
+            f"{name}: {key} must be one integer client id per row, shape ({rows},), "
+            f"got {c.dtype} {c.shape}"
+        )
+    return c.astype(np.int64)
+
+
+def _task(y: np.ndarray, given: np.ndarray | None, name: str) -> tuple[str, int]:
+    if y.dtype.kind == "f":
+        if given is not None:
+            raise ValueError(f"{name}: num_classes is for class labels; y holds float targets")
+        return "regression", 0
+    seen = int(y.max()) + 1
+    if given is None:
+        return "classification", seen
+    if given.shape != () or given.dtype.kind not in "iu" or int(given) < seen:
+        raise ValueError(
+            f"{name}: num_classes must be one integer >= the largest label + 1 ({seen}), "
+            f"got {given!r}"
+        )
+    return "classification", int(given)

@@ -1,0 +1,174 @@
+"""A researcher's own data as an .npz file (raysim.data.arrays): checked against the built-in
+digits loader, numpy's own statistics and the file's client ids."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import small_config
+
+from raysim.cli import main
+from raysim.config import ConfigError, DataConfig, load_config
+from raysim.data import build_federated_dataset
+from raysim.data.federated import FederatedDataset
+from raysim.data.public import load_public_slice
+from raysim.data.sources import load_digits
+from raysim.experiment import build_dataset
+
+
+def _sets(**overrides: object) -> list[str]:
+    return sum((["--set", s] for s in small_config(**overrides)), [])
+
+
+@pytest.fixture(scope="module")
+def digits_npz(tmp_path_factory):
+    """digits' own standardised float images: the same population as `dataset: digits`."""
+    base = load_digits()
+    path = tmp_path_factory.mktemp("npz") / "digits.npz"
+    np.savez(path, x=base.x, y=base.y)
+    return path
+
+
+def _ragged(tmp_path, rng, ids=(3, 11, 40, 41, 7)) -> tuple[str, np.ndarray, np.ndarray]:
+    """uint8 3-channel images in the split layout, clients of 6 to 40 rows in shuffled order."""
+    counts = rng.integers(6, 41, size=len(ids))
+    client = rng.permutation(np.repeat(np.asarray(ids), counts))
+    x = rng.integers(0, 256, size=(len(client), 3, 8, 8), dtype=np.uint8)
+    y = rng.integers(0, 4, size=len(client))
+    cut = len(client) * 3 // 4
+    path = tmp_path / "ragged.npz"
+    np.savez(
+        path,
+        x_train=x[:cut],
+        y_train=y[:cut],
+        client_train=client[:cut],
+        x_test=x[cut:],
+        y_test=y[cut:],
+        client_test=client[cut:],
+    )
+    return str(path), client, x
+
+
+def test_float_arrays_give_the_built_in_loaders_population(digits_npz):
+    kw = {"num_clients": 12, "cluster_sizes": [4, 4, 4], "shift": "rotation"}
+    built_in = build_federated_dataset(DataConfig(dataset="digits", **kw), 3)
+    mine = build_federated_dataset(DataConfig(dataset="npz", root=str(digits_npz), **kw), 3)
+    assert mine.task == "classification" and mine.num_classes == 10
+    for i in range(12):
+        for part in ("client_train", "client_test"):
+            (xa, ya), (xb, yb) = getattr(built_in, part)(i), getattr(mine, part)(i)
+            assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
+
+
+def test_uint8_images_are_standardised_by_the_pools_own_statistics(tmp_path):
+    rng = np.random.default_rng(0)
+    path, client, x = _ragged(tmp_path, rng)
+    ds = build_federated_dataset(
+        DataConfig(dataset="npz", root=path, num_clients=5, cluster_sizes=None, shift="none"), 0
+    )
+    x01 = x.astype(np.float64) / 255  # numpy's statistics, not the loader's histogram
+    assert ds.pixels.mean == pytest.approx(tuple(x01.mean(axis=(0, 2, 3))), abs=1e-12)
+    assert ds.pixels.std == pytest.approx(tuple(x01.std(axis=(0, 2, 3))), abs=1e-12)
+    decoded = np.concatenate([ds.client_train(i)[0] for i in range(5)])
+    decoded = np.concatenate([decoded, *(ds.client_test(i)[0] for i in range(5))])
+    assert decoded.dtype == np.float32 and decoded.shape == (len(x), 3, 8, 8)
+    assert np.abs(decoded.mean(axis=(0, 2, 3))).max() < 1e-5
+    assert np.abs(decoded.std(axis=(0, 2, 3)) - 1).max() < 1e-5
+    ds.to_parquet(str(tmp_path / "p.parquet"))  # the statistics travel with the table
+    again = FederatedDataset.from_parquet(str(tmp_path / "p.parquet"))
+    assert again.pixels == ds.pixels
+    assert np.array_equal(again.client_train(2)[0], ds.client_train(2)[0])
+
+
+def test_client_ids_give_the_natural_partition(tmp_path):
+    rng = np.random.default_rng(1)
+    path, client, _ = _ragged(tmp_path, rng)
+    cfg = DataConfig(dataset="npz", root=path, num_clients=5, cluster_sizes=[2, 3])
+    ds = build_federated_dataset(cfg, 0)
+    ids = np.unique(client)
+    for i, cid in enumerate(ids):  # client i is the i-th smallest id, with exactly its rows
+        assert sorted(ds.client_source_index(i)) == list(np.flatnonzero(client == cid))
+    assert list(ds.sizes) == [int((client == c).sum()) for c in ids]
+    assert list(ds.true_cluster) == [0, 0, 1, 1, 1]
+    assert np.all(ds.num_train >= 1) and np.all(ds.test_sizes >= 1)
+    with pytest.raises(ValueError, match="data.num_clients: 5"):
+        build_federated_dataset(cfg.model_copy(update={"num_clients": 6, "cluster_sizes": None}), 0)
+    for key, value in (("dirichlet_alpha", 0.5), ("samples_per_client", 10)):
+        with pytest.raises(ValueError, match=f"data.{key}"):
+            build_federated_dataset(cfg.model_copy(update={key: value}), 0)
+
+
+def test_the_public_slice_is_the_end_of_x_train_and_no_client_holds_it(tmp_path):
+    rng = np.random.default_rng(2)
+    path, client, x = _ragged(tmp_path, rng)
+    cut = len(client) * 3 // 4
+    images, _ = load_public_slice("npz", path, 5)
+    ds = build_federated_dataset(
+        DataConfig(
+            dataset="npz", root=path, num_clients=5, cluster_sizes=None, public_pretrain_samples=5
+        ),
+        0,
+    )
+    held = np.concatenate([ds.client_source_index(i) for i in range(5)])
+    assert images.shape == (5, 3, 8, 8)
+    assert set(held) == set(range(len(client))) - set(range(cut - 5, cut))
+
+
+def test_float_targets_are_a_regression_task(tmp_path):
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(200, 6)).astype(np.float32)
+    np.savez(tmp_path / "r.npz", x=x, y=(x @ np.arange(6.0)).astype(np.float32))
+    cfg = DataConfig(
+        dataset="npz", root=str(tmp_path / "r.npz"), num_clients=4, cluster_sizes=None, shift="none"
+    )
+    ds = build_federated_dataset(cfg, 0)
+    assert (ds.task, ds.num_classes, ds.feature_shape, ds.pixels) == ("regression", 0, (6,), None)
+    with pytest.raises(ValueError, match="data.shift='rotation' needs square images"):
+        build_federated_dataset(cfg.model_copy(update={"shift": "rotation"}), 0)
+
+
+BAD_FILES = {
+    "unknown arrays": {"images": np.zeros((4, 8, 8)), "labels": np.zeros(4, int)},
+    "both layouts": {"x": np.zeros((4, 2)), "y": np.zeros(4, int), "x_train": np.zeros((4, 2))},
+    "looks channels-last": {"x": np.zeros((4, 8, 8, 3), np.uint8), "y": np.zeros(4, int)},
+    "one value per row": {"x": np.zeros((4, 2)), "y": np.zeros(3, int)},
+    "NaN or infinite": {"x": np.full((4, 2), np.nan), "y": np.zeros(4, int)},
+    "class labels must be 0": {"x": np.zeros((4, 2)), "y": -np.ones(4, int)},
+    "num_classes must be": {"x": np.zeros((4, 2)), "y": np.arange(4), "num_classes": 3},
+    "integer client id": {"x": np.zeros((4, 2)), "y": np.zeros(4, int), "client": np.zeros(4)},
+}
+
+
+@pytest.mark.parametrize("message", BAD_FILES)
+def test_a_bad_file_stops_the_command_naming_data_root(message, tmp_path, capsys):
+    np.savez(tmp_path / "bad.npz", **BAD_FILES[message])
+    out = tmp_path / "out"
+    sets = _sets(**{"data.dataset": "npz", "data.root": str(tmp_path / "bad.npz")})
+    assert main(["run", "--out", str(out), *sets, "--set", "data.shift=none"]) == 2
+    err = capsys.readouterr().err
+    assert "data.root" in err and message in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_missing_or_unreadable_file_is_a_config_error(tmp_path):
+    (tmp_path / "not.npz").write_text("not a zip")
+    with pytest.raises(ValueError, match="data.root: dataset npz reads"):
+        DataConfig(dataset="npz")
+    with pytest.raises(ValueError, match="there is no file"):
+        DataConfig(dataset="npz", root=str(tmp_path))
+    cfg = load_config(None, ["data.dataset=npz", f"data.root={tmp_path / 'not.npz'}"])
+    with pytest.raises(ConfigError, match="not a readable .npz file"):
+        build_dataset(cfg)
+
+
+def test_a_run_on_the_file_has_the_built_in_datasets_metrics(ray_session, digits_npz, tmp_path):
+    """The whole run on Ray: the same population gives the same rounds, to the bit."""
+    runs = {}
+    for name, extra in (("digits", []), ("npz", ["data.dataset=npz", f"data.root={digits_npz}"])):
+        out = tmp_path / name
+        argv = ["run", "--out", str(out), *_sets(), *sum((["--set", s] for s in extra), [])]
+        assert main(argv) == 0
+        runs[name] = pq.read_table(out / "metrics.parquet").to_pandas()
+    cols = ["round", "accuracy", "loss", "epsilon"]
+    assert runs["digits"][cols].equals(runs["npz"][cols])
