@@ -119,9 +119,16 @@ class DataConfig(_Section):
             raise ValueError("cluster ratios must be a non-empty list of positive numbers")
         return v
 
+    @field_validator("root")
+    @classmethod
+    def _absolute_root(cls, v: str | None) -> str | None:
+        """Relative to where the command runs: a sweep's trials and a cluster's driver run in
+        other directories."""
+        return None if v is None else str(Path(v).expanduser().absolute())
+
     @model_validator(mode="after")
     def _root_exists(self) -> DataConfig:
-        root = None if self.root is None else Path(self.root).expanduser()
+        root = None if self.root is None else Path(self.root)
         if self.dataset == "npz":  # the researcher's own arrays (raysim.data.arrays)
             if root is None or not root.is_file():
                 raise ValueError(

@@ -14,7 +14,7 @@ from conftest import RAY_TIMEOUT_S
 from algorithms import ALGORITHMS
 from raysim.cli import main
 from raysim.config import ConfigError
-from tune.space import load_sweep, trial_variants
+from tune.space import load_sweep, trial_config, trial_variants
 from tune.trainable import TRIAL_BUNDLE
 
 SWEEPS = sorted((Path(__file__).parents[1] / "tune" / "sweeps").glob("*.yaml"))
@@ -117,6 +117,17 @@ def test_a_sweep_without_a_base_sweeps_the_demo(tmp_path):
     path.write_text("space:\n  training.lr: {grid: [0.1]}\n")
     demo = yaml.safe_load((Path(__file__).parents[1] / "raysim" / "demo.yaml").read_text())
     assert load_sweep(path).base == demo
+
+
+def test_a_relative_data_root_is_the_one_beside_the_command_in_every_trial(tmp_path, monkeypatch):
+    """Trials run in directories of their own: the root is made absolute before they start."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    sweep = load_sweep(_write(tmp_path, {"seed": {"grid": [0]}}), ["data.root=data"])
+    assert sweep.base["data"]["root"] == str(tmp_path / "data")
+    monkeypatch.chdir(tmp_path / "elsewhere")  # as a trial's working directory
+    assert trial_config(sweep.base, {"seed": 0}).data.root == str(tmp_path / "data")
 
 
 def test_the_trials_named_before_the_sweep_are_every_combination_at_the_ranges_ends():

@@ -163,7 +163,9 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
     base = read_yaml_mapping(base_path, "sweep base config")
     sets = list(raw.get("set") or []) + list(overrides or [])
     base = apply_overrides(base, sets)
-    build_config(yaml.safe_load(yaml.safe_dump(base)))  # the base alone must be valid
+    made = build_config(yaml.safe_load(yaml.safe_dump(base)))  # the base alone must be valid
+    if made.data.root is not None:  # absolute: a trial runs in a directory of its own
+        base["data"]["root"] = made.data.root
     space = raw.get("space") or {}
     if not isinstance(space, dict) or not space:
         raise ConfigError("sweep file: `space` must map dotted config keys to {grid|choice|...}")
