@@ -61,6 +61,8 @@ def _registry() -> dict[str, Callable[..., nn.Module]]:
 
 
 def _builder(name: str) -> Callable[..., nn.Module]:
+    if ":" in name:
+        return _import_builder(name)
     reg = _registry()
     if name not in reg:
         from raysim.config import did_you_mean
@@ -69,6 +71,29 @@ def _builder(name: str) -> Callable[..., nn.Module]:
         hint = did_you_mean(name, reg)
         raise ValueError(f"model.name: unknown model {name!r}; allowed: {allowed}{hint}")
     return reg[name]
+
+
+def _import_builder(path: str) -> Callable[..., nn.Module]:
+    """``module:Builder``: a model of the user's own, built as the registered ones are, from
+    ``(input_shape, num_classes, **kwargs)``; ``module`` must be importable where the clients run
+    (the Ray workers: on their ``PYTHONPATH``), as for ``algorithm.name: module:Class``."""
+    import importlib
+
+    module, _, attr = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"model.name: cannot import {path!r}: {exc}") from None
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        params = []
+    if not callable(fn) or params[:2] != list(_POSITIONAL):
+        raise ValueError(
+            f"model.name: {path!r} must be a class or function taken as "
+            "(input_shape, num_classes, **its own keyword arguments) returning a torch.nn.Module"
+        )
+    return fn
 
 
 class _BuilderKwargs(ConfigModel):
@@ -148,7 +173,29 @@ def build_from_spec(
     fn = _builder(spec.name)
     shape = tuple(int(d) for d in feature_shape)
     if seed is None:
-        return fn(shape, num_classes, **spec.kwargs)
+        return _fits(fn(shape, num_classes, **spec.kwargs), spec.name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return fn(shape, num_classes, **spec.kwargs)
+        return _fits(fn(shape, num_classes, **spec.kwargs), spec.name)
+
+
+def _fits(model: Any, name: str) -> nn.Module:
+    """The engine moves a model's trainable parameters and nothing else, and DP-SGD clips each
+    sample's gradient: a normalisation with running statistics (buffers no round averages) or
+    that mixes a batch's samples (BatchNorm) has no place. GroupNorm or LayerNorm does."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(
+            f"model.name: {name!r} built a {type(model).__name__}, not a torch.nn.Module"
+        )
+    for layer, module in model.named_modules():
+        why = []
+        if getattr(module, "track_running_stats", False):
+            why.append("its running statistics are never averaged over clients")
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            why.append("it mixes the samples of a batch, which DP-SGD clips one by one")
+        if why:
+            raise ValueError(
+                f"model.name: {name!r} has {type(module).__name__} {layer or '(the model)'}: "
+                f"{' and '.join(why)}; use GroupNorm or LayerNorm"
+            )
+    return model
