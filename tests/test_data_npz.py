@@ -99,6 +99,33 @@ def test_client_ids_give_the_natural_partition(tmp_path):
             build_federated_dataset(cfg.model_copy(update={key: value}), 0)
 
 
+def test_clusters_given_per_row_are_the_clients_true_clusters(tmp_path, capsys):
+    rng = np.random.default_rng(4)
+    client = rng.permutation(np.repeat(np.arange(6), 10))
+    truth = np.array([1, 0, 2, 1, 0, 2])  # per client id
+    arrays = {"x": rng.normal(size=(60, 5)), "y": rng.integers(0, 3, 60), "client": client}
+    np.savez(tmp_path / "c.npz", **arrays, cluster=truth[client])
+    sets = ["data.dataset=npz", f"data.root={tmp_path / 'c.npz'}", "data.num_clients=6"]
+    cfg = load_config(None, [*sets, "data.cluster_sizes=null", "data.shift=label_flip"])
+    ds = build_dataset(cfg)
+    assert list(ds.true_cluster) == list(truth)
+    for i in range(6):  # label_flip by the file's cluster: (y + k) mod 3
+        rows = ds.client_source_index(i)
+        flipped = (arrays["y"][rows] + truth[i]) % 3
+        train, test = ds.client_train(i)[1], ds.client_test(i)[1]
+        assert np.array_equal(np.concatenate([train, test]), flipped)
+    given = [*sets, "data.cluster_sizes=[2,2,2]"]
+    assert main(["data", "describe", *sum((["--set", s] for s in given), [])]) == 2
+    assert "data.cluster_sizes: the data gives each client's cluster" in capsys.readouterr().err
+    np.savez(tmp_path / "mixed.npz", **arrays, cluster=rng.integers(0, 2, 60))
+    mixed = [*sets, f"data.root={tmp_path / 'mixed.npz'}", "data.cluster_sizes=null"]
+    with pytest.raises(ConfigError, match="rows of more than one cluster"):
+        build_dataset(load_config(None, mixed))
+    np.savez(tmp_path / "alone.npz", x=arrays["x"], y=arrays["y"], cluster=truth[client])
+    with pytest.raises(ValueError, match="needs the client ids"):
+        build_federated_dataset(DataConfig(dataset="npz", root=str(tmp_path / "alone.npz")), 0)
+
+
 def test_the_public_slice_is_the_end_of_x_train_and_no_client_holds_it(tmp_path):
     rng = np.random.default_rng(2)
     path, client, x = _ragged(tmp_path, rng)
@@ -136,7 +163,7 @@ BAD_FILES = {
     "NaN or infinite": {"x": np.full((4, 2), np.nan), "y": np.zeros(4, int)},
     "class labels must be 0": {"x": np.zeros((4, 2)), "y": -np.ones(4, int)},
     "num_classes must be": {"x": np.zeros((4, 2)), "y": np.arange(4), "num_classes": 3},
-    "integer client id": {"x": np.zeros((4, 2)), "y": np.zeros(4, int), "client": np.zeros(4)},
+    "one integer id per row": {"x": np.zeros((4, 2)), "y": np.zeros(4, int), "client": np.zeros(4)},
 }
 
 

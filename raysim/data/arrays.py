@@ -13,6 +13,9 @@ datasets' files are). Each client's train/test split is then drawn from its rows
 - ``client`` (``client_train`` and ``client_test`` with the split layout), optional: each row's
   client id. It gives the natural partition (one client per id, in increasing id order, holding
   exactly its rows) instead of a drawn one.
+- ``cluster`` (``cluster_train``, ``cluster_test``), optional, with client ids: each row's true
+  cluster, ``0..K-1``, one per client: the ground truth that clustering is scored against (ARI,
+  minority) in place of ``data.cluster_sizes``.
 
 Every mistake is a ``ValueError`` naming the key and what is allowed, so the CLI stops with it
 before Ray starts.
@@ -29,10 +32,13 @@ from raysim.data.sources import BaseData, DataNotFoundError, PixelCodec
 
 POOL_KEYS = ("x", "y")
 SPLIT_KEYS = ("x_train", "y_train", "x_test", "y_test")
-OPTIONAL_KEYS = ("client", "client_train", "client_test", "num_classes")
+PER_ROW_KEYS = ("client", "cluster")  # with the split layout: client_train, client_test...
+SUFFIXES = ("_train", "_test")
+OPTIONAL_KEYS = (*PER_ROW_KEYS, *(k + p for k in PER_ROW_KEYS for p in SUFFIXES), "num_classes")
 LAYOUT = (
-    "x and y (optionally client), or x_train, y_train, x_test and y_test (optionally "
-    "client_train and client_test), and optionally num_classes"
+    "x and y (optionally client and cluster), or x_train, y_train, x_test and y_test "
+    "(optionally client_train, client_test, cluster_train and cluster_test), and optionally "
+    "num_classes"
 )
 
 
@@ -58,34 +64,38 @@ def base_from_arrays(arrays: dict[str, np.ndarray], name: str = "npz") -> BaseDa
     if unknown:
         raise ValueError(f"{name}: unknown arrays {unknown}; an npz dataset holds {LAYOUT}")
     if keys >= set(SPLIT_KEYS) and not keys & set(POOL_KEYS):
-        parts = [("x_train", "y_train", "client_train"), ("x_test", "y_test", "client_test")]
-        if ("client_train" in keys) != ("client_test" in keys) or "client" in keys:
-            raise ValueError(f"{name}: with x_train/x_test give client_train and client_test")
+        suffixes = SUFFIXES
     elif keys >= set(POOL_KEYS) and not keys & set(SPLIT_KEYS):
-        parts = [("x", "y", "client")]
-        if keys & {"client_train", "client_test"}:
-            raise ValueError(f"{name}: with x and y give client, not client_train/client_test")
+        suffixes = ("",)
     else:
         mixed = "both layouts, " if keys & set(POOL_KEYS) and keys & set(SPLIT_KEYS) else ""
         raise ValueError(f"{name}: holds {mixed}{sorted(keys)}; an npz dataset holds {LAYOUT}")
-    xs = [_features(arrays[x], x, name) for x, _, _ in parts]
-    ys = [_labels(arrays[y], y, len(arrays[x]), name) for x, y, _ in parts]
+    xs = [_features(arrays["x" + p], "x" + p, name) for p in suffixes]
+    ys = [_labels(arrays["y" + p], "y" + p, len(xs[i]), name) for i, p in enumerate(suffixes)]
+    per_row: dict[str, np.ndarray] = {}
+    for k in PER_ROW_KEYS:
+        wanted = [k + p for p in suffixes]
+        present = [k + p for p in ("", *SUFFIXES) if k + p in keys]
+        if present and sorted(present) != sorted(wanted):
+            layout = ", ".join("x" + p for p in suffixes)
+            raise ValueError(f"{name}: with {layout} give {' and '.join(wanted)}")
+        if present:
+            per_row[k] = np.concatenate(
+                [_ids(arrays[key], key, len(x), name) for key, x in zip(wanted, xs, strict=True)]
+            )
+    if "cluster" in per_row and "client" not in per_row:
+        raise ValueError(f"{name}: a cluster per row needs the client ids (client) it belongs to")
     if len({x.shape[1:] for x in xs}) != 1 or len({x.dtype for x in xs}) != 1:
         raise ValueError(f"{name}: x_train {xs[0].shape} and x_test {xs[1].shape} differ per row")
     if len({y.dtype.kind for y in ys}) != 1:
         raise ValueError(f"{name}: y_train and y_test must both be labels or both targets")
     x, y = np.concatenate(xs), np.concatenate(ys)
-    clients = None
-    if parts[0][2] in keys:
-        clients = np.concatenate(
-            [_client_ids(arrays[c], c, len(arrays[xk]), name) for xk, _, c in parts]
-        )
-    train_rows = len(xs[0]) if len(parts) == 2 else None
+    train_rows = len(xs[0]) if len(suffixes) == 2 else None
     task, num_classes = _task(y, arrays.get("num_classes"), name)
+    groups = {"client": per_row.get("client"), "cluster": per_row.get("cluster")}
     if x.dtype == np.uint8 and x.ndim == 4:
-        codec = pixel_codec(x)
-        return BaseData(None, y, num_classes, task, train_rows, x, codec, clients)
-    return BaseData(x.astype(np.float32), y, num_classes, task, train_rows, None, None, clients)
+        return BaseData(None, y, num_classes, task, train_rows, x, pixel_codec(x), **groups)
+    return BaseData(x.astype(np.float32), y, num_classes, task, train_rows, **groups)
 
 
 def pixel_codec(pixels: np.ndarray) -> PixelCodec:
@@ -137,10 +147,10 @@ def _labels(y: np.ndarray, key: str, rows: int, name: str) -> np.ndarray:
     raise ValueError(f"{name}: {key} must hold integer labels or float targets, got {y.dtype}")
 
 
-def _client_ids(c: np.ndarray, key: str, rows: int, name: str) -> np.ndarray:
+def _ids(c: np.ndarray, key: str, rows: int, name: str) -> np.ndarray:
     if c.shape != (rows,) or c.dtype.kind not in "iu":
         raise ValueError(
-            f"{name}: {key} must be one integer client id per row, shape ({rows},), "
+            f"{name}: {key} must be one integer id per row, shape ({rows},), "
             f"got {c.dtype} {c.shape}"
         )
     return c.astype(np.int64)

@@ -262,6 +262,23 @@ def _allocate_rows(cfg: DataConfig, y: np.ndarray, num_classes: int, seed: int) 
     )
 
 
+def file_clusters(
+    cfg: DataConfig, row_cluster: np.ndarray, allocation: Sequence[np.ndarray]
+) -> np.ndarray:
+    """Each client's true cluster as the data gives it (one per client, numbered 0..K-1)."""
+    for key in ("cluster_sizes", "cluster_ratios"):
+        if getattr(cfg, key) is not None:
+            raise ValueError(f"data.{key}: the data gives each client's cluster; remove it")
+    clusters = np.array([row_cluster[rows[0]] for rows in allocation], dtype=np.int64)
+    mixed = [i for i, rows in enumerate(allocation) if np.any(row_cluster[rows] != clusters[i])]
+    if mixed:
+        raise ValueError(f"data: clients {mixed[:10]} have rows of more than one cluster")
+    missing = sorted(set(range(int(clusters.max()) + 1)) - set(clusters.tolist()))
+    if missing:
+        raise ValueError(f"data: clusters are numbered 0..K-1; no client is in {missing[:10]}")
+    return clusters
+
+
 def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
     """The population a run trains on, fully determined by ``(cfg, seed)``.
 
@@ -288,6 +305,8 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
     else:
         base = load_base(cfg.dataset, cfg.root, seed, cfg)
         allocation = _allocate(cfg, base, seed)
+        if base.cluster is not None:
+            clusters = file_clusters(cfg, base.cluster, allocation)
         if cfg.dirichlet_alpha is not None:
             meta["dirichlet_alpha"] = cfg.dirichlet_alpha
         if cfg.public_pretrain_samples:

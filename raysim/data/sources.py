@@ -50,8 +50,10 @@ class BaseData:
     # Image datasets: the uint8 pixels, (N, C, H, W), and how they become standardised floats
     pixels: np.ndarray | None = None
     codec: PixelCodec | None = None
-    # Each row's client id where the file gives the natural partition (raysim.data.arrays)
+    # Each row's client id where the file gives the natural partition, and its true cluster
+    # where the file gives those (raysim.data.arrays)
     client: np.ndarray | None = None
+    cluster: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.y)
