@@ -207,6 +207,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         return cmd_resume(args)
+    run_experiments(args)
+    return 0
+
+
+def run_experiments(args: argparse.Namespace) -> list[Path]:
+    """`raysim run` (not ``--resume``): the run directories it wrote, one per algorithm."""
     from raysim import rundir
     from raysim.experiment import prepare_apart
 
@@ -268,7 +274,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 d.rmdir()
     _print_results(dirs, base / "comparison.png" if len(dirs) > 1 else None)
     print(f"{len(dirs)} run(s) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    return 0
+    return dirs
 
 
 def cmd_report(args: argparse.Namespace) -> int:

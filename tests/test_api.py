@@ -1,0 +1,52 @@
+"""raysim.api: `raysim run` from Python, and a run directory's files as tables."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import RAY_TIMEOUT_S
+
+from raysim.api import load, run
+from raysim.config import ConfigError
+
+SMALL = {
+    "rounds": 2,
+    "data.dataset": "digits",
+    "data.num_clients": 6,
+    "data.cluster_sizes": [3, 3],  # a Python list, as YAML's
+    "data.samples_per_client": 40,
+    "model.name": "mlp",
+    "privacy.mode": "sample",
+    "privacy.epsilon": 4,
+    "privacy.delta": 1e-3,
+    "runtime.num_workers": 2,
+    "runtime.progress": False,
+    "runtime.round_timeout_s": RAY_TIMEOUT_S,
+}
+
+
+def test_run_returns_each_algorithms_finished_run_as_tables(ray_session, tmp_path):
+    runs = run(None, SMALL, algorithms=["fedavg", "local"], out=tmp_path / "runs")
+    assert list(runs) == ["fedavg", "local"]
+    for name, r in runs.items():
+        assert r.path == tmp_path / "runs" / name
+        assert r.config["algorithm"]["name"] == name
+        assert r.config["data"]["cluster_sizes"] == [3, 3]
+        assert r.summary == json.loads((r.path / "summary.json").read_text())
+        assert list(r.metrics["round"]) == [1, 2]
+        assert r.metrics.equals(pq.read_table(r.path / "metrics.parquet").to_pandas())
+        assert len(r.clients) == 6 and set(r.privacy["client"]) == set(range(6))
+        assert 0 < r.summary["epsilon"] <= 4 + 1e-9
+    assert load(tmp_path / "runs" / "local").summary == runs["local"].summary
+
+
+def test_a_mistake_raises_the_commands_message_before_anything_runs(tmp_path):
+    with pytest.raises(ConfigError, match="privacy.epsilon"):
+        run(None, {**SMALL, "privacy.epsilon": 0}, algorithms=["fedavg"], out=tmp_path / "o")
+    with pytest.raises(ConfigError, match="--algorithms: each at most once"):
+        run(None, SMALL, algorithms=["fedavg", "fedavg"], out=tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ConfigError, match="holds no finished run"):
+        load(tmp_path)
