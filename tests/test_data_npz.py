@@ -1,5 +1,5 @@
 """A researcher's own data as an .npz file (raysim.data.arrays): checked against the built-in
-digits loader, numpy's own statistics and the file's client ids."""
+digits loader, numpy's own statistics and the data's client ids."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_client_ids_give_the_natural_partition(tmp_path):
     for i, cid in enumerate(ids):  # client i is the i-th smallest id, with exactly its rows
         assert sorted(ds.client_source_index(i)) == list(np.flatnonzero(client == cid))
     assert list(ds.sizes) == [int((client == c).sum()) for c in ids]
-    assert list(ds.true_cluster) == [0, 0, 1, 1, 1]
+    assert list(ds.true_cluster) == [0, 0, 1, 1, 1] and ds.meta["partition"] == "natural"
     assert np.all(ds.num_train >= 1) and np.all(ds.test_sizes >= 1)
     with pytest.raises(ValueError, match="data.num_clients: 5"):
         build_federated_dataset(cfg.model_copy(update={"num_clients": 6, "cluster_sizes": None}), 0)

@@ -231,11 +231,11 @@ def _arrow(values: np.ndarray) -> pa.Array:
 
 
 def _allocate(cfg: DataConfig, base: BaseData, seed: int) -> Sequence[np.ndarray]:
-    if base.client is not None:  # the file's own partition
+    if base.client is not None:  # the data's own partition
         for key in ("dirichlet_alpha", "samples_per_client"):
             if getattr(cfg, key) is not None:
                 raise ValueError(
-                    f"data.{key}: the file's client ids give each client its rows; remove it"
+                    f"data.{key}: the data's client ids give each client its rows; remove it"
                 )
         keep = (
             private_pool(base, cfg.public_pretrain_samples) if cfg.public_pretrain_samples else None
@@ -305,6 +305,8 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
     else:
         base = load_base(cfg.dataset, cfg.root, seed, cfg)
         allocation = _allocate(cfg, base, seed)
+        if base.client is not None:
+            meta["partition"] = "natural"  # the data's client ids
         if base.cluster is not None:
             clusters = file_clusters(cfg, base.cluster, allocation)
         if cfg.dirichlet_alpha is not None:
