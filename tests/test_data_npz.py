@@ -30,24 +30,28 @@ def digits_npz(tmp_path_factory):
     return path
 
 
-def _ragged(tmp_path, rng, ids=(3, 11, 40, 41, 7)) -> tuple[str, np.ndarray, np.ndarray]:
-    """uint8 3-channel images in the split layout, clients of 6 to 40 rows in shuffled order."""
-    counts = rng.integers(6, 41, size=len(ids))
-    client = rng.permutation(np.repeat(np.asarray(ids), counts))
+def _ragged(tmp_path, rng, ids=(3, 11, 40, 41, 7)) -> tuple[str, np.ndarray, np.ndarray, int]:
+    """uint8 3-channel images in the split layout: clients of 4 to 30 training rows and 2 to 10
+    test rows, in shuffled order. Returns the path, every row's client id, the images and the
+    number of training rows."""
+    ids = np.asarray(ids)
+    train = rng.permutation(np.repeat(ids, rng.integers(4, 31, size=len(ids))))
+    test = rng.permutation(np.repeat(ids, rng.integers(2, 11, size=len(ids))))
+    client = np.concatenate([train, test])
     x = rng.integers(0, 256, size=(len(client), 3, 8, 8), dtype=np.uint8)
     y = rng.integers(0, 4, size=len(client))
-    cut = len(client) * 3 // 4
+    cut = len(train)
     path = tmp_path / "ragged.npz"
     np.savez(
         path,
         x_train=x[:cut],
         y_train=y[:cut],
-        client_train=client[:cut],
+        client_train=train,
         x_test=x[cut:],
         y_test=y[cut:],
-        client_test=client[cut:],
+        client_test=test,
     )
-    return str(path), client, x
+    return str(path), client, x, cut
 
 
 def test_float_arrays_give_the_built_in_loaders_population(digits_npz):
@@ -63,7 +67,7 @@ def test_float_arrays_give_the_built_in_loaders_population(digits_npz):
 
 def test_uint8_images_are_standardised_by_the_pools_own_statistics(tmp_path):
     rng = np.random.default_rng(0)
-    path, client, x = _ragged(tmp_path, rng)
+    path, client, x, _ = _ragged(tmp_path, rng)
     ds = build_federated_dataset(
         DataConfig(dataset="npz", root=path, num_clients=5, cluster_sizes=None, shift="none"), 0
     )
@@ -83,15 +87,24 @@ def test_uint8_images_are_standardised_by_the_pools_own_statistics(tmp_path):
 
 def test_client_ids_give_the_natural_partition(tmp_path):
     rng = np.random.default_rng(1)
-    path, client, _ = _ragged(tmp_path, rng)
+    path, client, _, cut = _ragged(tmp_path, rng)
     cfg = DataConfig(dataset="npz", root=path, num_clients=5, cluster_sizes=[2, 3])
     ds = build_federated_dataset(cfg, 0)
     ids = np.unique(client)
-    for i, cid in enumerate(ids):  # client i is the i-th smallest id, with exactly its rows
-        assert sorted(ds.client_source_index(i)) == list(np.flatnonzero(client == cid))
+    for i, cid in enumerate(ids):  # client i: the i-th smallest id, its rows, the file's split
+        rows = ds.client_source_index(i)
+        train, test = rows[: ds.num_train[i]], rows[ds.num_train[i] :]
+        assert list(train) == list(np.flatnonzero(client[:cut] == cid))
+        assert list(test) == list(cut + np.flatnonzero(client[cut:] == cid))
     assert list(ds.sizes) == [int((client == c).sum()) for c in ids]
     assert list(ds.true_cluster) == [0, 0, 1, 1, 1] and ds.meta["partition"] == "natural"
-    assert np.all(ds.num_train >= 1) and np.all(ds.test_sizes >= 1)
+    arrays = dict(np.load(path))
+    only_train = arrays["client_test"] == arrays["client_test"][0]
+    for key in ("x_test", "y_test", "client_test"):  # one client left without test rows
+        arrays[key] = arrays[key][~only_train]
+    np.savez(tmp_path / "no_test.npz", **arrays)
+    with pytest.raises(ValueError, match="none in x_test; with client ids, the data's own split"):
+        build_federated_dataset(cfg.model_copy(update={"root": str(tmp_path / "no_test.npz")}), 0)
     with pytest.raises(ValueError, match="data.num_clients: 5"):
         build_federated_dataset(cfg.model_copy(update={"num_clients": 6, "cluster_sizes": None}), 0)
     for key, value in (("dirichlet_alpha", 0.5), ("samples_per_client", 10)):
@@ -128,8 +141,7 @@ def test_clusters_given_per_row_are_the_clients_true_clusters(tmp_path, capsys):
 
 def test_the_public_slice_is_the_end_of_x_train_and_no_client_holds_it(tmp_path):
     rng = np.random.default_rng(2)
-    path, client, x = _ragged(tmp_path, rng)
-    cut = len(client) * 3 // 4
+    path, client, x, cut = _ragged(tmp_path, rng)
     images, _ = load_public_slice("npz", path, 5)
     ds = build_federated_dataset(
         DataConfig(

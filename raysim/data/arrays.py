@@ -2,7 +2,8 @@
 
 The file holds either one pool, ``x`` and ``y``, or a training and a test part, ``x_train``,
 ``y_train``, ``x_test``, ``y_test`` (merged into one pool, training rows first, as the built-in
-datasets' files are). Each client's train/test split is then drawn from its rows like theirs.
+datasets' files are). Each client's train/test split is then drawn from its rows like theirs,
+except where the file gives client ids with its two parts: then it is the file's split.
 
 - ``x``: images ``(N, C, H, W)`` or ``(N, H, W)`` (one channel), or features ``(N, d)``.
   uint8 images are kept as pixels and standardised when read, with the per-channel mean and

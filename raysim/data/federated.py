@@ -34,6 +34,7 @@ from raysim.data.partition import (
     allocate_natural,
     apply_shift,
     cluster_assignment,
+    split_as_given,
     split_train_test,
 )
 from raysim.data.public import private_pool
@@ -313,9 +314,12 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
             meta["dirichlet_alpha"] = cfg.dirichlet_alpha
         if cfg.public_pretrain_samples:
             meta["public_pretrain_samples"] = cfg.public_pretrain_samples
-    rows, offsets, num_train = split_train_test(
-        list(allocation), cfg.train_fraction, rng_for(seed, "split")
-    )
+    if base.client is not None and base.train_file_size is not None:
+        rows, offsets, num_train = split_as_given(allocation, base.train_file_size)
+    else:
+        rows, offsets, num_train = split_train_test(
+            list(allocation), cfg.train_fraction, rng_for(seed, "split")
+        )
     # images travel as their uint8 pixels (rotated as they are), standardised when read
     x = base.images(rows) if base.pixels is None else base.pixels[rows]
     y = base.y[rows]

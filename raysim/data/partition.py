@@ -212,6 +212,25 @@ def split_train_test(
     return rows, offsets, num_train
 
 
+def split_as_given(
+    allocation: Sequence[np.ndarray], train_rows: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``split_train_test``'s result where the data splits each client itself: its rows from
+    the training part (pool rows before ``train_rows``) are its train rows, the others its test
+    rows, each in the data's order."""
+    parts = [(a[a < train_rows], a[a >= train_rows]) for a in allocation]
+    empty = [i for i, (train, test) in enumerate(parts) if not len(train) or not len(test)]
+    if empty:
+        raise ValueError(
+            f"data: clients {empty[:10]} have no row in x_train or none in x_test; with client "
+            "ids, the data's own split is each client's train/test split"
+        )
+    rows = np.concatenate([np.concatenate(p) for p in parts]).astype(np.int64)
+    num_train = np.array([len(train) for train, _ in parts], dtype=np.int64)
+    sizes = np.array([len(a) for a in allocation], dtype=np.int64)
+    return rows, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), num_train
+
+
 # ------------------------------------------------------------------------------------- shifts
 
 
