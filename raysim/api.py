@@ -1,10 +1,11 @@
 """raysim from Python (a notebook, a script of one's own): ``raysim run`` through its own code
 path, and a run directory's results as pandas tables.
 
-    from raysim.api import load, run
+    from raysim.api import load, run, summaries
 
-    runs = run("configs/rdpcfl_quick.yaml", {"privacy.epsilon": 2}, algorithms=["rdpcfl", "ifca"])
-    runs["rdpcfl"].metrics[["round", "accuracy", "epsilon"]]
+    done = run("configs/rdpcfl_quick.yaml", {"privacy.epsilon": 2}, algorithms=["rdpcfl", "ifca"])
+    done["rdpcfl"].metrics[["round", "accuracy", "epsilon"]]
+    summaries("runs/compare-x").groupby("algorithm")["final_accuracy"].agg(["mean", "std"])
 
 A user mistake raises ``raysim.config.ConfigError`` (the message the command prints) before Ray
 starts; the tables are the run directory's files, read when first asked for.
@@ -71,6 +72,32 @@ def load(path: str | Path) -> Run:
         why = state.describe() if state is not None else "no summary.json in it"
         raise ConfigError(f"{str(run_dir)!r} holds no finished run ({why})")
     return Run(run_dir)
+
+
+def runs(path: str | Path) -> list[Run]:
+    """Every finished run at or under ``path`` (a run, a compare's or a sweep's directory)."""
+    from raysim import rundir
+
+    root = Path(path)
+    if not root.exists():
+        raise ConfigError(f"{str(root)!r} does not exist")
+    return [Run(d) for d in rundir.find_runs(root)[0]]
+
+
+def summaries(path: str | Path) -> Any:
+    """One row per finished run at or under ``path``: its directory, its summary's values
+    (algorithm, seed, eps spent, final accuracy...) and its final round's metrics (accuracy per
+    cluster, ARI...): for a table over seeds, ``summaries(DIR).groupby("algorithm")``."""
+    import pandas as pd
+
+    rows = []
+    for r in runs(path):
+        row: dict[str, Any] = {"path": str(r.path)}
+        row.update({k: v for k, v in r.summary.items() if not isinstance(v, dict | list)})
+        final = r.summary.get("final") or {}
+        row.update({k: v for k, v in final.items() if k not in row})
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def run(

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import RAY_TIMEOUT_S
 
-from raysim.api import load, run
+from raysim.api import load, run, runs, summaries
 from raysim.config import ConfigError
 
 SMALL = {
@@ -28,9 +28,9 @@ SMALL = {
 
 
 def test_run_returns_each_algorithms_finished_run_as_tables(ray_session, tmp_path):
-    runs = run(None, SMALL, algorithms=["fedavg", "local"], out=tmp_path / "runs")
-    assert list(runs) == ["fedavg", "local"]
-    for name, r in runs.items():
+    done = run(None, SMALL, algorithms=["fedavg", "local"], out=tmp_path / "runs")
+    assert list(done) == ["fedavg", "local"]
+    for name, r in done.items():
         assert r.path == tmp_path / "runs" / name
         assert r.config["algorithm"]["name"] == name
         assert r.config["data"]["cluster_sizes"] == [3, 3]
@@ -39,7 +39,14 @@ def test_run_returns_each_algorithms_finished_run_as_tables(ray_session, tmp_pat
         assert r.metrics.equals(pq.read_table(r.path / "metrics.parquet").to_pandas())
         assert len(r.clients) == 6 and set(r.privacy["client"]) == set(range(6))
         assert 0 < r.summary["epsilon"] <= 4 + 1e-9
-    assert load(tmp_path / "runs" / "local").summary == runs["local"].summary
+    assert load(tmp_path / "runs" / "local").summary == done["local"].summary
+    assert [r.path for r in runs(tmp_path)] == [done["fedavg"].path, done["local"].path]
+    table = summaries(tmp_path / "runs")
+    assert list(table["algorithm"]) == ["fedavg", "local"] and list(table["rounds"]) == [2, 2]
+    for name, r in done.items():  # the summary's values, and the final round's metrics
+        row = table[table["algorithm"] == name].iloc[0]
+        assert row["final_accuracy"] == r.summary["final_accuracy"]
+        assert row["accuracy_cluster_1"] == r.metrics["accuracy_cluster_1"].iloc[-1]
 
 
 def test_a_mistake_raises_the_commands_message_before_anything_runs(tmp_path):
@@ -50,3 +57,5 @@ def test_a_mistake_raises_the_commands_message_before_anything_runs(tmp_path):
     assert not (tmp_path / "o").exists()
     with pytest.raises(ConfigError, match="holds no finished run"):
         load(tmp_path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        summaries(tmp_path / "nothing")
