@@ -305,7 +305,31 @@ def cmd_data(args: argparse.Namespace) -> int:
     from raysim.experiment import build_dataset
 
     cfg = _config(args)
+    if args.data_command == "export":
+        return _export(build_dataset(cfg), Path(args.out))
     print(describe(build_dataset(cfg)))
+    return 0
+
+
+def _export(population: Any, out: Path) -> int:
+    import numpy as np
+
+    from raysim.data.arrays import population_arrays
+
+    if out.suffix != ".npz":
+        raise ConfigError(f"--out: an .npz file, got {str(out)!r}")
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out: directory {str(out.parent)!r} does not exist")
+    arrays = population_arrays(population)
+    partial = out.with_name(out.name + ".partial.npz")
+    np.savez(partial, **arrays)
+    partial.replace(out)  # a reader sees the whole file or none
+    n = population.num_clients
+    print(
+        f"{out}: {len(arrays['y_train']) + len(arrays['y_test'])} rows of {n} clients; read it "
+        f"back with --set data.dataset=npz --set data.root={out} --set data.num_clients={n} "
+        "--set data.cluster_sizes=null --set data.shift=none"
+    )
     return 0
 
 
@@ -345,10 +369,16 @@ def parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=cmd_report)
 
     data = sub.add_parser("data", help="inspect the federated population")
-    dsub = data.add_subparsers(dest="data_command", metavar="{describe}", required=True)
+    dsub = data.add_subparsers(dest="data_command", metavar="{describe,export}", required=True)
     desc = dsub.add_parser("describe", help="clients per cluster, samples, label histogram")
     with_config(desc)
     desc.set_defaults(func=cmd_data)
+    export = dsub.add_parser(
+        "export", help="the population as an .npz file (data.dataset: npz reads it back)"
+    )
+    with_config(export)
+    export.add_argument("--out", required=True, help="the .npz file to write")
+    export.set_defaults(func=cmd_data)
 
     priv = sub.add_parser("privacy", help="calibrated noise and planned eps, without training")
     with_config(priv)

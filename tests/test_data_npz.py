@@ -211,3 +211,36 @@ def test_a_run_on_the_file_has_the_built_in_datasets_metrics(ray_session, digits
         runs[name] = pq.read_table(out / "metrics.parquet").to_pandas()
     cols = ["round", "accuracy", "loss", "epsilon"]
     assert runs["digits"][cols].equals(runs["npz"][cols])
+
+
+def test_an_exported_population_reads_back_as_the_same_population_and_run(ray_session, tmp_path):
+    """`raysim data export`: the same clients, rows, split and clusters, and the same run."""
+    sets = _sets(**{"data.cluster_sizes": "[3, 5]"})
+    assert main(["data", "export", "--out", str(tmp_path / "pop.npz"), *sets]) == 0
+    back = [
+        "data.dataset=npz",
+        f"data.root={tmp_path / 'pop.npz'}",
+        "data.cluster_sizes=null",
+        "data.shift=none",
+    ]
+    sets_back = [*sets, *sum((["--set", s] for s in back), [])]
+    original = build_dataset(load_config(None, sets[1::2]))
+    again = build_dataset(load_config(None, sets_back[1::2]))
+    assert list(again.true_cluster) == list(original.true_cluster) == [0] * 3 + [1] * 5
+    for i in range(8):
+        for part in ("client_train", "client_test"):
+            (xa, ya), (xb, yb) = getattr(original, part)(i), getattr(again, part)(i)
+            assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
+    metrics = []
+    for name, argv in (("original", sets), ("exported", sets_back)):
+        assert main(["run", "--out", str(tmp_path / name), *argv]) == 0
+        metrics.append(pq.read_table(tmp_path / name / "metrics.parquet").to_pandas())
+    cols = ["round", "accuracy", "loss", "epsilon", "accuracy_cluster_0", "accuracy_cluster_1"]
+    assert metrics[0][cols].equals(metrics[1][cols])
+
+
+def test_export_refuses_a_path_that_is_not_an_npz_file(tmp_path, capsys):
+    assert main(["data", "export", "--out", str(tmp_path / "pop.csv")]) == 2
+    assert main(["data", "export", "--out", str(tmp_path / "no" / "pop.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "--out: an .npz file" in err and "does not exist" in err

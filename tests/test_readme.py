@@ -57,6 +57,7 @@ CASES: dict[str, tuple[list[str], bool]] = {
     ),
     "raysim report DIR [DIR ...]": ([], False),
     "raysim data describe [CONFIG]": ([], False),
+    "raysim data export [CONFIG] --out pop.npz": ([], False),
     "raysim privacy [CONFIG] [--json]": ([], False),
     "raysim compare CONFIG --algorithms rdpcfl,ifca,fedavg,local --seeds 0,1,2": (
         ["rounds=1", *QUICK],

@@ -26,10 +26,14 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from raysim.data.sources import BaseData, DataNotFoundError, PixelCodec
+
+if TYPE_CHECKING:
+    from raysim.data.federated import FederatedDataset
 
 POOL_KEYS = ("x", "y")
 SPLIT_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -171,3 +175,24 @@ def _task(y: np.ndarray, given: np.ndarray | None, name: str) -> tuple[str, int]
             f"got {given!r}"
         )
     return "classification", int(given)
+
+
+def population_arrays(fd: FederatedDataset) -> dict[str, np.ndarray]:
+    """A population as the arrays of an ``.npz`` file that ``data.dataset: npz`` reads back as
+    the same population: the clients' rows in order, their train/test split, their true
+    clusters, and the features as the clients read them (standardised float32, shifts applied;
+    read back with ``data.shift: none``)."""
+    parts: dict[str, list[np.ndarray]] = {}
+    for i in range(fd.num_clients):
+        for suffix, (x, y) in (("_train", fd.client_train(i)), ("_test", fd.client_test(i))):
+            for key, value in (
+                ("x", x),
+                ("y", y),
+                ("client", np.full(len(y), i, np.int64)),
+                ("cluster", np.full(len(y), fd.true_cluster[i], np.int64)),
+            ):
+                parts.setdefault(key + suffix, []).append(value)
+    arrays = {k: np.concatenate(v) for k, v in parts.items()}
+    if fd.num_classes:
+        arrays["num_classes"] = np.asarray(fd.num_classes, np.int64)
+    return arrays
