@@ -15,7 +15,7 @@ from algorithms.oracle import Oracle
 from algorithms.pina import PINA, KMeansSketchCFL
 from algorithms.rdpcfl import RDPCFL
 from algorithms.rr_cluster import RRCluster
-from raysim.config import ConfigError, did_you_mean
+from raysim.config import ConfigError, did_you_mean, import_named
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
@@ -51,13 +51,7 @@ def get_algorithm(name: str) -> type[Algorithm]:
 
 
 def _import_algorithm(path: str) -> type[Algorithm]:
-    import importlib
-
-    module, _, attr = path.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"algorithm.name: cannot import {path!r}: {exc}") from None
+    cls = import_named(path, "algorithm.name")
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise ConfigError(f"algorithm.name: {path!r} is not an Algorithm subclass")
     return cls

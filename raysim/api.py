@@ -123,8 +123,8 @@ def run(
         argv += ["--out", str(out)]
     if overwrite:
         argv += ["--overwrite"]
-    runs = [Run(d) for d in run_experiments(parser().parse_args(argv))]
-    return {r.config["algorithm"]["name"]: r for r in runs}
+    finished = [Run(d) for d in run_experiments(parser().parse_args(argv))]
+    return {r.config["algorithm"]["name"]: r for r in finished}
 
 
 def _yaml_value(value: Any) -> str:

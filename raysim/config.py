@@ -433,6 +433,18 @@ def did_you_mean(word: object, choices: Iterable[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+def import_named(path: str, field: str) -> Any:
+    """What a ``module:Name`` value (an algorithm or a model of the user's own) names; a
+    ``ConfigError`` naming ``field`` where it cannot be imported."""
+    import importlib
+
+    module, _, attr = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"{field}: cannot import {path!r}: {exc}") from None
+
+
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The field names of the section that ``loc`` (a pydantic error location) points into."""
     for part in loc[:-1]:

@@ -28,7 +28,7 @@ import torch
 from pydantic import ConfigDict, ValidationError, create_model
 from torch import nn
 
-from raysim.config import ConfigModel, error_message
+from raysim.config import ConfigModel, error_message, import_named
 from raysim.seeding import SERVER, torch_generator
 
 # Keyword arguments the engine provides (from other config sections), never the user.
@@ -77,13 +77,7 @@ def _import_builder(path: str) -> Callable[..., nn.Module]:
     """``module:Builder``: a model of the user's own, built as the registered ones are, from
     ``(input_shape, num_classes, **kwargs)``; ``module`` must be importable where the clients run
     (the Ray workers: on their ``PYTHONPATH``), as for ``algorithm.name: module:Class``."""
-    import importlib
-
-    module, _, attr = path.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"model.name: cannot import {path!r}: {exc}") from None
+    fn = import_named(path, "model.name")
     try:
         params = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
