@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, ValidationError
 
-from raysim.aggregation import weighted_mean
+from raysim.aggregation import ServerOptimizer, weighted_mean
 from raysim.config import ConfigError, ConfigModel, ExperimentConfig, format_validation_error
 from raysim.modes import PrivacyMode, PrivacyNeeds, make_mode
 from raysim.planning import dpsgd_round_phase
@@ -62,6 +62,9 @@ class Algorithm(ABC):
     # Default of ``algorithm.num_clusters`` for algorithms with several models (None: one model,
     # or the algorithm chooses)
     default_clusters: ClassVar[int | None] = None
+    # False: the server keeps no model it moves by the clients' updates (local; dp_group, whose
+    # models are means of released points), so the algorithm.server_* optimizer has no use
+    moves_models: ClassVar[bool] = True
 
     def __init__(self, env: Environment) -> None:
         self.env = env
@@ -86,6 +89,12 @@ class Algorithm(ABC):
             raise ConfigError(
                 msg.replace("unknown field", f"{self.name} takes no such key")
             ) from None
+        self.server_opt = ServerOptimizer(self.cfg.algorithm)
+        if not self.moves_models and server_settings(self.cfg):
+            raise ConfigError(
+                f"{', '.join(server_settings(self.cfg))}: algorithm {self.name!r} has no server "
+                "model to move; leave them out"
+            )
 
     # -- privacy -----------------------------------------------------------------------------
     def privacy_summary(self) -> dict[str, Any]:
@@ -290,26 +299,31 @@ class FederatedAlgorithm(Algorithm):
 
     # -- server ----------------------------------------------------------------------------------
     def aggregate(
-        self, model: torch.Tensor, reports: list[Message] | SecureSums, rng: np.random.Generator
+        self,
+        model: torch.Tensor,
+        reports: list[Message] | SecureSums,
+        rng: np.random.Generator,
+        slot: int = 0,
     ) -> torch.Tensor:
         """One model's new weights from its members' updates: the weighted mean (no DP or
         sample-level DP), the clipped, noised sum over the expected cohort (client-level), or the
-        secure sum over its noisy count (distributed)."""
+        secure sum over its noisy count (distributed); applied by the server's optimizer."""
         if isinstance(reports, SecureSums):
-            return self.apply_secure(model, reports, 0)
+            return self.apply_secure(model, reports, slot)
         members = [r for r in reports if r.update is not None]
-        lr = self.cfg.algorithm.server_lr
         if self.privacy.central_noise:
             updates = [r.update for r in members]
             total = self.privacy.noisy_sum(updates, self.privacy.sensitivity(), rng, model.numel())
             expected = self.cfg.training.sampling_rate * self.env.num_clients
-            return model + lr * total / expected
+            return self.server_opt.move(slot, model, total / expected)
         if not members:
             return model
         weights = [r.num_samples for r in members]
         if not any(weights):  # sizes not sent (dprivacy): members count equally
             weights = [1] * len(members)
-        return model + lr * weighted_mean([r.update for r in members], weights)
+        return self.server_opt.move(
+            slot, model, weighted_mean([r.update for r in members], weights)
+        )
 
     def apply_secure(self, model: torch.Tensor, sums: SecureSums, slot: int) -> torch.Tensor:
         """``model`` moved by its slot's secure mean (sum / max(noisy count, 1)). A slot whose
@@ -317,7 +331,14 @@ class FederatedAlgorithm(Algorithm):
         count, and an empty slot's sum is pure noise that would random-walk the model."""
         if sums.counts[slot] < 0.5:
             return model
-        return model + self.cfg.algorithm.server_lr * sums.means()[slot]
+        return self.server_opt.move(slot, model, sums.means()[slot])
+
+
+def server_settings(cfg: ExperimentConfig) -> list[str]:
+    """The ``algorithm.server_*`` optimizer keys a config sets away from plain SGD at rate 1."""
+    a, defaults = cfg.algorithm, type(cfg.algorithm).model_fields
+    keys = ("server_lr", "server_optimizer", "server_momentum", "server_betas", "server_tau")
+    return [f"algorithm.{k}" for k in keys if getattr(a, k) != defaults[k].default]
 
 
 def broadcast_model(task: ClientTask) -> int | None:

@@ -190,14 +190,13 @@ class ClusteredAlgorithm(FederatedAlgorithm):
         if isinstance(reports, SecureSums):
             return [self.apply_secure(m, reports, k) for k, m in enumerate(models)]
         out = []
-        lr = self.cfg.algorithm.server_lr
         for m, model in enumerate(models):
             members = [r for r in reports if r.cluster == m and r.update is not None]
             if self.privacy.central_noise:
-                out.append(self.aggregate(model, members, rng))
+                out.append(self.aggregate(model, members, rng, m))
             elif members:
                 mean = weighted_mean([r.update for r in members], [1.0] * len(members))
-                out.append(model + lr * mean)
+                out.append(self.server_opt.move(m, model, mean))
             else:
                 out.append(model)
         return out

@@ -58,6 +58,7 @@ class DPGroup(IFCA):
     Params = DPGroupParams
     privacy_modes = ("none", "dprivacy")
     default_clusters = 2  # the paper's synthetic experiment
+    moves_models = False  # a model is the mean of its released points
 
     def init_state(self, rng: np.random.Generator) -> ClusterState:
         m, dim = self.num_clusters(), self.env.init_weights.numel()

@@ -84,9 +84,9 @@ class KMeansCFL(ClusteredAlgorithm):
         labels = match_labels(assigned[ids], labels, m)
         assigned[ids] = labels
         models = []
-        lr = self.cfg.algorithm.server_lr
         for k, model in enumerate(state.models):
             members = [r.update[k] for r, lab in zip(reports, labels, strict=True) if lab == k]
-            models.append(model + lr * torch.stack(members).mean(0) if members else model)
+            mean = torch.stack(members).mean(0) if members else None
+            models.append(model if mean is None else self.server_opt.move(k, model, mean))
         metrics = self.cluster_metrics(assigned, m)
         return ServerResult(ClusterState(models, assigned, state.info), metrics)

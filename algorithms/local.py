@@ -21,6 +21,7 @@ class Local(FederatedAlgorithm):
     name = "local"
     # distributed: nothing leaves the client, so no secure sum is planned and nothing is charged
     privacy_modes = ("none", "sample", "distributed")
+    moves_models = False
 
     def init_state(self, rng: np.random.Generator) -> None:
         return None

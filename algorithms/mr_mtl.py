@@ -69,7 +69,8 @@ class MRMTL(FederatedAlgorithm):
     ) -> ServerResult:
         model = state.model
         if reports:
-            model = model + weighted_mean([r.update for r in reports], [1.0] * len(reports))
+            mean = weighted_mean([r.update for r in reports], [1.0] * len(reports))
+            model = self.server_opt.move(0, model, mean)
         return ServerResult(GlobalState(model))
 
     def plan_evaluation(self, state: GlobalState) -> RoundPlan:

@@ -290,7 +290,6 @@ class PINA(FederatedAlgorithm):
         if phase == "sketch":
             return self.cluster_sketches(state, view, rng)
         means, counts, _ = slot_view(view, len(plan.models))
-        lr = self.cfg.algorithm.server_lr
         metrics: dict[str, float] = {f"count_{s}": float(n) for s, n in enumerate(counts)}
         if phase == "lloyd":
             return ServerResult(self.lloyd_step(state, plan.round, means, counts), metrics)
@@ -312,7 +311,7 @@ class PINA(FederatedAlgorithm):
                 metrics.update({f"sw_W_{s}": res.statistic, f"sw_p_{s}": res.pvalue})
                 weight = res.weight
             metrics[f"weight_{s}"] = weight
-            models.append(base + lr * weight * means[s])
+            models.append(self.server_opt.move(s, base, weight * means[s]))
         new = PinaState(models, state.centroids, state.labels, state.info)
         return ServerResult(new, metrics)
 

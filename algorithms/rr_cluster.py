@@ -105,6 +105,12 @@ class RRCluster(IFCA):
                 "member, accounted only for fixed-size cohorts; use without_replacement"
             )
         super().__init__(env)
+        if self.params.base == "fedcam" and not self.server_opt.plain:
+            raise ConfigError(
+                "algorithm.server_optimizer: base fedcam moves each model's global and cluster "
+                "parts together, by plain sgd only (server_momentum 0); FedOpt runs with base "
+                "ifca or fesem"
+            )
         k = self.num_clusters()
         cohort = self.cfg.training.sampling_rate * env.num_clients
         if self.params.B * k > cohort:
@@ -267,7 +273,7 @@ class RRCluster(IFCA):
                 for r, g in zip(reports, groups, strict=True)
             ]
             return self.aggregate_clusters(models, regrouped, rng)
-        lr, sens = self.cfg.algorithm.server_lr, self.model_sensitivity()
+        sens = self.model_sensitivity()
         sizes = None if counts is None else expected_sizes(counts, self.rebalancing_B)
         out = []
         for j, model in enumerate(models):
@@ -277,7 +283,7 @@ class RRCluster(IFCA):
                 continue
             total = self.privacy.noisy_sum(members, sens, rng, model.numel())
             size = len(members) if sizes is None else float(sizes[j])
-            out.append(model + lr * total / size)
+            out.append(self.server_opt.move(j, model, total / size))
         return out
 
     def global_for_small(

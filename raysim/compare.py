@@ -497,20 +497,30 @@ def for_algorithm(cfg: Any, quiet: bool = False) -> Any:
     """The config without the ``algorithm.*`` keys its algorithm does not take, so one file can
     carry e.g. rdpcfl's keys and still run fedavg (``raysim run`` refuses unknown keys)."""
     from algorithms import ALGORITHMS, get_algorithm
+    from algorithms.base import server_settings
     from raysim.config import build_config
 
-    fields = set(get_algorithm(cfg.algorithm.name).Params.model_fields)
+    algorithm = get_algorithm(cfg.algorithm.name)
+    fields = set(algorithm.Params.model_fields)
     # Only keys another algorithm takes: a typo stays, to be refused with a suggestion.
     known = {k for a in ALGORITHMS.values() for k in a.Params.model_fields}
-    drop = sorted(k for k in (cfg.algorithm.model_extra or {}) if k not in fields and k in known)
+    drop = [
+        f"algorithm.{k}"
+        for k in sorted(cfg.algorithm.model_extra or {})
+        if k not in fields and k in known
+    ]
+    if not algorithm.moves_models:  # e.g. local beside fedavg with a server optimizer
+        drop += server_settings(cfg)
     if not drop:
         return cfg
-    keys = ", ".join(f"algorithm.{k}" for k in drop)
     if not quiet:
-        print(f"raysim: {cfg.algorithm.name} does not take {keys}: left out", file=sys.stderr)
+        print(
+            f"raysim: {cfg.algorithm.name} does not take {', '.join(drop)}: left out",
+            file=sys.stderr,
+        )
     raw = cfg.model_dump()
     for k in drop:
-        raw["algorithm"].pop(k)
+        raw["algorithm"].pop(k.removeprefix("algorithm."))
     return build_config(raw)
 
 

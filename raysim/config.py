@@ -221,7 +221,28 @@ class AlgorithmConfig(ConfigModel):
     model_config = ConfigDict(extra="allow", validate_assignment=True)
     name: str = "fedavg"
     num_clusters: int | None = Field(None, gt=0)
+    # The server's optimizer on the aggregated updates (raysim.aggregation.ServerOptimizer)
     server_lr: float = Field(1.0, gt=0)
+    server_optimizer: Literal["sgd", "adam", "adagrad"] = "sgd"
+    server_momentum: float = Field(0.0, ge=0, lt=1)  # sgd's (FedAvgM)
+    server_betas: tuple[float, float] = (0.9, 0.99)  # adam's
+    server_tau: float = Field(1e-3, gt=0)  # adam's and adagrad's adaptivity (torch's eps)
+
+    @field_validator("server_betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError(f"each beta must be in [0, 1) (got {list(v)})")
+        return v
+
+    @model_validator(mode="after")
+    def _optimizer_keys(self) -> AlgorithmConfig:
+        if self.server_momentum and self.server_optimizer != "sgd":
+            raise ValueError(
+                f"algorithm.server_momentum is sgd's; {self.server_optimizer}'s first moment is "
+                "algorithm.server_betas[0] (adam) or none (adagrad): leave server_momentum out"
+            )
+        return self
 
 
 class PrivacyConfig(_Section):

@@ -26,7 +26,7 @@ def test_walkthrough_algorithm_runs_through_the_cli(tmp_path, monkeypatch):
         "compare",
         str(DOC.parents[1] / "raysim" / "demo.yaml"),
         "--algorithms",
-        "walkthrough_algo:FedAvgM",
+        "walkthrough_algo:TrimmedMean",
         "--seeds",
         "0",
         "--inline",
@@ -43,20 +43,22 @@ def test_walkthrough_algorithm_runs_through_the_cli(tmp_path, monkeypatch):
         "--set",
         "model.name=linear",
         "--set",
-        "privacy.mode=client",
+        "privacy.mode=sample",
         "--set",
-        "privacy.delta=0.01",
+        "privacy.delta=0.001",
         "--set",
         "privacy.epsilon=4",
         "--set",
-        "algorithm.beta=0.5",
+        "algorithm.trim=0.25",
+        "--set",
+        "algorithm.server_momentum=0.5",
         "--set",
         "runtime.progress=false",
     ]
     assert main(argv) == 0
     summary = json.loads(next(out.glob("*/seed0/summary.json")).read_text())
-    assert summary["algorithm"] == "walkthrough_algo:FedAvgM" and summary["rounds"] == 3
-    assert 0 < summary["epsilon"] <= 4.0 + 1e-9  # the noisy sums were charged
+    assert summary["algorithm"] == "walkthrough_algo:TrimmedMean" and summary["rounds"] == 3
+    assert 0 < summary["epsilon"] <= 4.0 + 1e-9  # DP-SGD was charged
     assert summary["final_accuracy"] > 0.1
     sys.modules.pop("walkthrough_algo", None)
 
