@@ -90,10 +90,10 @@ class Algorithm(ABC):
                 msg.replace("unknown field", f"{self.name} takes no such key")
             ) from None
         self.server_opt = ServerOptimizer(self.cfg.algorithm)
-        if not self.moves_models and server_settings(self.cfg):
+        if not self.moves_models and (keys := self.cfg.algorithm.server_keys_set()):
             raise ConfigError(
-                f"{', '.join(server_settings(self.cfg))}: algorithm {self.name!r} has no server "
-                "model to move; leave them out"
+                f"{', '.join(keys)}: algorithm {self.name!r} has no server model to move; "
+                "leave them out"
             )
 
     # -- privacy -----------------------------------------------------------------------------
@@ -332,13 +332,6 @@ class FederatedAlgorithm(Algorithm):
         if sums.counts[slot] < 0.5:
             return model
         return self.server_opt.move(slot, model, sums.means()[slot])
-
-
-def server_settings(cfg: ExperimentConfig) -> list[str]:
-    """The ``algorithm.server_*`` optimizer keys a config sets away from plain SGD at rate 1."""
-    a, defaults = cfg.algorithm, type(cfg.algorithm).model_fields
-    keys = ("server_lr", "server_optimizer", "server_momentum", "server_betas", "server_tau")
-    return [f"algorithm.{k}" for k in keys if getattr(a, k) != defaults[k].default]
 
 
 def broadcast_model(task: ClientTask) -> int | None:

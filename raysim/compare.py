@@ -497,7 +497,6 @@ def for_algorithm(cfg: Any, quiet: bool = False) -> Any:
     """The config without the ``algorithm.*`` keys its algorithm does not take, so one file can
     carry e.g. rdpcfl's keys and still run fedavg (``raysim run`` refuses unknown keys)."""
     from algorithms import ALGORITHMS, get_algorithm
-    from algorithms.base import server_settings
     from raysim.config import build_config
 
     algorithm = get_algorithm(cfg.algorithm.name)
@@ -510,7 +509,7 @@ def for_algorithm(cfg: Any, quiet: bool = False) -> Any:
         if k not in fields and k in known
     ]
     if not algorithm.moves_models:  # e.g. local beside fedavg with a server optimizer
-        drop += server_settings(cfg)
+        drop += cfg.algorithm.server_keys_set()
     if not drop:
         return cfg
     if not quiet:

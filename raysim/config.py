@@ -235,6 +235,12 @@ class AlgorithmConfig(ConfigModel):
             raise ValueError(f"each beta must be in [0, 1) (got {list(v)})")
         return v
 
+    def server_keys_set(self) -> list[str]:
+        """The server optimizer's keys set away from their defaults (plain averaging)."""
+        keys = ("server_lr", "server_optimizer", "server_momentum", "server_betas", "server_tau")
+        fields = type(self).model_fields
+        return [f"algorithm.{k}" for k in keys if getattr(self, k) != fields[k].default]
+
     @model_validator(mode="after")
     def _optimizer_keys(self) -> AlgorithmConfig:
         if self.server_momentum and self.server_optimizer != "sgd":
