@@ -198,7 +198,8 @@ def test_tiny_sweep_runs_reports_and_resumes(ray_session, tmp_path, capsys):
     assert (out / "knob_privacy_epsilon.png").is_file()
     for path in df["path"]:  # each trial also keeps a full run directory
         assert (Path(path) / "run" / "metrics.parquet").is_file()
-    assert "accuracy" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "all 2 trials by accuracy" in printed and "accuracy %" in printed
     assert len(list(out.glob("tune/tiny/*/checkpoint_*/checkpoint.pkl"))) >= 2  # kept by Tune
 
     # resumed, its trials are made as its first ones were: other settings are refused before Ray

@@ -334,9 +334,12 @@ def sweep_main(args: argparse.Namespace) -> int:
     best = df.sort_values(sweep.metric, ascending=sweep.mode == "min", na_position="last")
     cols = [*sweep.space, "accuracy", "loss", "ari", "epsilon", "rounds_done"]
     shown = best[[c for c in dict.fromkeys(cols) if c in best]].head(5).copy()
+    shown = shown.dropna(axis="columns", how="all")  # e.g. ari where no trial clusters
     for col in ("accuracy", "accuracy_min"):
         if col in shown:
             shown[col] = (100 * shown[col]).round(1)
+    which = "all" if len(df) <= len(shown) else f"the best {len(shown)} of"
+    print(f"{which} {len(df)} trials by {sweep.metric} (every trial: {out / 'trials.parquet'})")
     print(shown.rename(columns={"accuracy": "accuracy %"}).to_string(index=False))
     print(f"sweep results: {out}", file=sys.stderr)
     unfinished = _unfinished_trials(grid)
