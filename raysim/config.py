@@ -245,8 +245,9 @@ class AlgorithmConfig(ConfigModel):
     def _optimizer_keys(self) -> AlgorithmConfig:
         if self.server_momentum and self.server_optimizer != "sgd":
             raise ValueError(
-                f"algorithm.server_momentum is sgd's; {self.server_optimizer}'s first moment is "
-                "algorithm.server_betas[0] (adam) or none (adagrad): leave server_momentum out"
+                f"algorithm.server_momentum is sgd's only, and server_optimizer is "
+                f"{self.server_optimizer} (adam's first moment is algorithm.server_betas[0]; "
+                "adagrad keeps none): leave server_momentum out"
             )
         return self
 
