@@ -104,6 +104,12 @@ class RRCluster(IFCA):
                 "training.sampling: client-level RR-Cluster releases one identifier per cohort "
                 "member, accounted only for fixed-size cohorts; use without_replacement"
             )
+        if env.cfg.privacy.clip_quantile is not None:
+            raise ConfigError(
+                "privacy.clip_quantile: adaptive clipping counts one model sum a round, and "
+                "rr_cluster releases one per cluster beside its identifiers; use it with fedavg, "
+                "fedprox or fedper, or give rr_cluster a fixed privacy.clip"
+            )
         super().__init__(env)
         if self.params.base == "fedcam" and not self.server_opt.plain:
             raise ConfigError(

@@ -260,6 +260,12 @@ class PrivacyConfig(_Section):
     clip: float = Field(3.0, gt=0)  # per-sample clip C (sample), update clip C_theta / S (client,
     # distributed)
     noise_multiplier: float | None = Field(None, ge=0)  # set to skip calibration
+    # client: adaptive clipping (Andrew et al. 2021): the clip (starting at privacy.clip) follows
+    # this quantile of the cohort's update norms, learnt from a noisy count of the updates under
+    # it, charged with the sums; clip_count_noise: that count's noise std (default cohort / 20)
+    clip_quantile: float | None = Field(None, gt=0, lt=1)
+    clip_lr: float = Field(0.2, gt=0)  # eta_C of the geometric update
+    clip_count_noise: float | None = Field(None, gt=0)
     accountant: Literal["rdp", "pld"] = "rdp"
     # distributed (secure aggregation): the noise-cohort convention of McMahan et al. 2018
     noise_cohort_size: int = Field(10000, gt=0)
@@ -290,6 +296,11 @@ class PrivacyConfig(_Section):
         needs_budget = self.mode not in ("none", "dprivacy")
         if needs_budget and self.epsilon is None and self.noise_multiplier is None:
             raise ValueError("privacy.epsilon or privacy.noise_multiplier is required under DP")
+        if self.clip_quantile is not None and self.mode != "client":
+            raise ValueError(
+                f"privacy.clip_quantile (adaptive clipping) is client-level DP's: set "
+                f"privacy.mode=client, or leave it out under mode {self.mode!r}"
+            )
         if needs_budget and self.noise_multiplier == 0:
             raise ValueError(
                 f"privacy.noise_multiplier=0 adds no noise (eps = infinity) under mode "

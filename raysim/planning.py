@@ -125,12 +125,15 @@ class CentralPlan:
     id_noise_ratio: float | None = None  # sigma_s / sigma_theta; None: no identifier mechanism
     noise: float = field(init=False)
     id_noise: float | None = field(init=False)
+    # adaptive clipping: the multiplier of the count of updates under the clip (None: fixed clip)
+    count_noise: float | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         p = self.privacy
         if p.noise_multiplier is not None:
             self.noise = ratio = p.noise_multiplier
             self.id_noise = None if self.id_noise_ratio is None else ratio * self.id_noise_ratio
+            self._split_for_count()
 
             def planned() -> float:
                 event = dp_event.SelfComposedDpEvent(self.round_event(), self.rounds)
@@ -149,18 +152,57 @@ class CentralPlan:
             accountant=p.accountant,
         )
         self.noise, self.id_noise = calibrated.model, calibrated.identifier
+        self._split_for_count()
+
+    @property
+    def cohort(self) -> float:
+        """The expected number of clients a round samples (the fixed size without replacement)."""
+        if self.sampling == "poisson":
+            return self.sampling_rate * self.population
+        return float(max(1, round(self.sampling_rate * self.population)))
+
+    @property
+    def count_sensitivity(self) -> float:
+        """Of the sum of centred bits b - 1/2 (b: an update under the clip): 1/2 when a client is
+        added or removed (Poisson), 1 when one is replaced (a fixed cohort)."""
+        return 0.5 if self.sampling == "poisson" else 1.0
+
+    def _split_for_count(self) -> None:
+        """Adaptive clipping (Andrew et al. 2021, Theorem 1): the sum and the count are one
+        Gaussian mechanism on the same sampled clients, with 1/z^2 = 1/z_sum^2 + 1/z_count^2.
+        The calibrated z is that whole; the count takes its fixed share (its std, default
+        cohort / 20, over its sensitivity) and the sum the rest, so the run spends what a fixed
+        clip at z would."""
+        p = self.privacy
+        if p.clip_quantile is None:
+            return
+        if self.id_noise is not None:  # algorithms releasing identifiers refuse clip_quantile
+            raise BudgetError("adaptive clipping is planned for a model sum without identifiers")
+        std = p.clip_count_noise if p.clip_count_noise is not None else self.cohort / 20
+        self.count_noise = std / self.count_sensitivity
+        if not self.count_noise > self.noise:
+            raise BudgetError(
+                f"privacy.clip_count_noise: the count's noise (std {std:g}, multiplier "
+                f"{self.count_noise:.4g}) must exceed the whole round's multiplier "
+                f"{self.noise:.4g}: raise its std above {self.noise * self.count_sensitivity:.4g}, "
+                "or raise the sampling rate"
+            )
+        self.noise = (self.noise**-2 - self.count_noise**-2) ** -0.5
 
     def sensitivity(self, clip: float) -> float:
         return clip if self.sampling == "poisson" else 2 * clip
 
     def round_event(self) -> Any:
-        return privacy_lib.central_round_event(
+        return privacy_lib.central_round_event(  # the count composes as identifiers would
             self.sampling_rate,
             self.noise,
-            self.id_noise,
+            self.count_noise if self.count_noise is not None else self.id_noise,
             sampling=self.sampling,
             population=self.population,
         )
 
     def summary(self) -> dict[str, Any]:
-        return {"noise_multiplier": self.noise, "id_noise_multiplier": self.id_noise}
+        out = {"noise_multiplier": self.noise, "id_noise_multiplier": self.id_noise}
+        if self.count_noise is not None:
+            out["clip_count_noise_multiplier"] = self.count_noise
+        return out

@@ -167,6 +167,7 @@ class RoundLoop:
         self._charge(r, algo.privacy.server_charges(r))
         self.state = result.state
         row: dict[str, Any] = {"round": r, "participants": len(reports), **result.metrics}
+        row.update(algo.privacy.round_metrics())
         if skipped:
             row["skipped_over_cap"] = skipped
         choices = algo.choices(self.state)

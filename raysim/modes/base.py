@@ -130,6 +130,11 @@ class PrivacyMode:
     ) -> np.ndarray:
         raise TrustBoundaryError(f"privacy mode {self.name!r} has no identifier mechanism")
 
+    def round_metrics(self) -> dict[str, float]:
+        """What the mode's own server-side state did this round, for the round's metrics row
+        (client-level adaptive clipping: the clip and the noisy share of updates under it)."""
+        return {}
+
     def record(self, released: Released) -> Any:
         """Keep a server-side release for this round's charge; returns its value."""
         self._server_releases.append(released)

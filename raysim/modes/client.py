@@ -26,11 +26,13 @@ import torch
 from raysim import privacy as privacy_lib
 from raysim.modes.base import PrivacyMode, TrustBoundaryError
 from raysim.planning import CentralPlan
-from raysim.privacy import Released, clip_l2, gaussian_mechanism
+from raysim.privacy import Released, clip_l2, gaussian_mechanism, geometric_clip_update
 from raysim.privacy import privatize_onehot as _privatize_onehot
 from raysim.protocol import Charge
 
 ID_MECHANISMS = ("identifier_gaussian", "identifier_histogram")  # charged at plan.id_noise
+# released beside the round's sum and composed with it: identifiers, or adaptive clipping's count
+AUX_MECHANISMS = (*ID_MECHANISMS, "clip_count_gaussian")
 UNACCOUNTED_WARNING = (
     "cluster identifiers not private: they are released without accounting; "
     "epsilon covers the model updates only"
@@ -53,10 +55,18 @@ class ClientLevel(PrivacyMode):
             self.num_clients,
             id_noise_ratio=needs.id_noise_ratio,
         )
+        # the clip of the round to come: privacy.clip, or under adaptive clipping where the
+        # last count moved it (state of the server's, checkpointed with the algorithm)
+        self.clip = cfg.privacy.clip
+        self._metrics: dict[str, float] = {}
 
     @property
     def replace_one(self) -> bool:
         return self.plan.sampling == "without_replacement"
+
+    @property
+    def adaptive(self) -> bool:
+        return self.plan.count_noise is not None
 
     @property
     def ids_unaccounted(self) -> bool:
@@ -70,12 +80,18 @@ class ClientLevel(PrivacyMode):
         return out
 
     def train_overrides(self, client: int) -> dict[str, Any]:
-        return {"update_clip": self.privacy.clip}
+        # adaptive clipping counts the updates under the clip by their norms, so the clients
+        # send them whole and the (trusted) server clips them (noisy_sum)
+        return {} if self.adaptive else {"update_clip": self.privacy.clip}
+
+    def round_metrics(self) -> dict[str, float]:
+        out, self._metrics = self._metrics, {}
+        return out
 
     # -- server-side mechanisms ----------------------------------------------------------------
     def sensitivity(self, clip: float | None = None) -> float:
         """Of one clipped sum: C under add/remove (Poisson), 2C under replace-one (fixed cohort)."""
-        return self.plan.sensitivity(self.privacy.clip if clip is None else clip)
+        return self.plan.sensitivity(self.clip if clip is None else clip)
 
     def noisy_sum(
         self,
@@ -91,13 +107,33 @@ class ClientLevel(PrivacyMode):
         must bound the change of all of them together (sums over disjoint groups, such as one per
         cluster: the sensitivity of one sum; overlapping sums, such as FedCAM's global and cluster
         sums: their joint sensitivity)."""
-        total = np.zeros(dim, dtype=np.float64)
+        rows = np.zeros((0, dim))
         if updates:
-            total = clip_l2(torch.stack(list(updates)).double().numpy(), self.privacy.clip).sum(0)
+            rows = torch.stack(list(updates)).double().numpy()
+        total = clip_l2(rows, self.clip).sum(0) if len(rows) else np.zeros(dim)
         noisy = gaussian_mechanism(total, sensitivity, self.plan.noise, rng)
         z = self.plan.noise
         rel = Released(torch.from_numpy(noisy).float(), "central_gaussian", None, {"z": z})
+        if self.adaptive:
+            self._count_under_clip(np.linalg.norm(rows, axis=1), rng)
         return self.record(rel)
+
+    def _count_under_clip(self, norms: np.ndarray, rng: np.random.Generator) -> None:
+        """Adaptive clipping (Andrew et al. 2021, Algorithm 1): release the noisy count of the
+        round's updates at most the clip, as centred bits over the expected cohort, and move the
+        clip toward ``privacy.clip_quantile`` for the next round (post-processing)."""
+        if any(r.mechanism == "clip_count_gaussian" for r in self._server_releases):
+            raise TrustBoundaryError(
+                "adaptive clipping counts one model sum a round; this algorithm released two"
+            )
+        bits = np.where(norms <= self.clip, 0.5, -0.5).sum()  # a norm that is not finite: above
+        z = self.plan.count_noise
+        count = float(gaussian_mechanism(np.array([bits]), self.plan.count_sensitivity, z, rng)[0])
+        self.record(Released(count, "clip_count_gaussian", None, {"z": z}))
+        unclipped = count / self.plan.cohort + 0.5
+        self._metrics = {"clip": self.clip, "unclipped_fraction": unclipped}
+        p = self.privacy
+        self.clip = geometric_clip_update(self.clip, unclipped, p.clip_quantile, p.clip_lr)
 
     def privatize_ids(
         self, ids: np.ndarray, k: int, clip: float, rng: np.random.Generator
@@ -143,23 +179,25 @@ class ClientLevel(PrivacyMode):
         released = list(self._server_releases)
         super().server_charges(round)
         sums = {r.params["z"] for r in released if r.mechanism == "central_gaussian"}
-        ids = {r.params["z"] for r in released if r.mechanism in ID_MECHANISMS}
+        aux = {r.params["z"] for r in released if r.mechanism in AUX_MECHANISMS}
         for r in released:
             if r.mechanism == "identifier_unaccounted" and (
                 r.event is not None or r.params.get("accounted") is not False
             ):
                 raise TrustBoundaryError("an unaccounted release must carry no event")
         if not sums:
-            if ids:
-                raise TrustBoundaryError("identifiers released without a model sum")
+            if aux:
+                raise TrustBoundaryError("identifiers or a count released without a model sum")
             return []
-        if len(sums) > 1 or len(ids) > 1:
+        if len(sums) > 1 or len(aux) > 1:
             raise TrustBoundaryError(f"one round released sums at several noise levels: {sums}")
-        return [self._charge(sums.pop(), ids.pop() if ids else None)]
+        return [self._charge(sums.pop(), aux.pop() if aux else None)]
 
-    def _charge(self, z: float, z_id: float | None) -> Charge:
+    def _charge(self, z: float, z_aux: float | None) -> Charge:
+        """The round's Gaussian sum composed with what was released beside it (identifiers, or
+        adaptive clipping's count), on the same sampled clients."""
         p = self.plan
-        event = privacy_lib.central_round_event(p.sampling_rate, z, z_id, p.sampling, p.population)
+        event = privacy_lib.central_round_event(p.sampling_rate, z, z_aux, p.sampling, p.population)
         return Charge(
             "central_gaussian", event, None, {"z": z, "q": p.sampling_rate, "sampling": p.sampling}
         )
@@ -167,4 +205,5 @@ class ClientLevel(PrivacyMode):
     def planned_charges(
         self, round: int, participants: Sequence[int], selecting: Sequence[int]
     ) -> list[Charge]:
-        return [self._charge(self.plan.noise, self.plan.id_noise)]
+        aux = self.plan.count_noise if self.adaptive else self.plan.id_noise
+        return [self._charge(self.plan.noise, aux)]

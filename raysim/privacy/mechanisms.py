@@ -19,6 +19,7 @@ __all__ = [
     "d_privacy_epsilon",
     "exponential_select",
     "gaussian_mechanism",
+    "geometric_clip_update",
     "laplace_euclidean",
     "onehot_noise_multiplier",
     "SKETCH_DIM",
@@ -78,6 +79,15 @@ def gaussian_mechanism(
     total = _float_array(total)
     noise = rng.normal(0.0, sensitivity * noise_multiplier, size=total.shape)
     return total + noise.astype(total.dtype)
+
+
+def geometric_clip_update(clip: float, unclipped: float, quantile: float, lr: float) -> float:
+    """Adaptive clipping's step (Andrew et al. 2021, eq. 2): ``clip * exp(-lr * (unclipped -
+    quantile))``, ``unclipped`` the (noisy) fraction of updates at most ``clip``: a clip that
+    more updates than the quantile fit under shrinks, one fewer fit under grows. Geometric, so
+    the clip stays positive whatever the noise."""
+    _positive("clip", clip)
+    return clip * math.exp(-lr * (unclipped - quantile))
 
 
 def onehot_noise_multiplier(clip: float, noise_multiplier: float) -> float:

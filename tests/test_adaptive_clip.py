@@ -1,0 +1,183 @@
+"""Adaptive clipping under client-level DP (Andrew et al. 2021): the count beside each sum takes
+its share of the calibrated noise by the closed form 1/z^2 = 1/z_sum^2 + 1/z_count^2, which
+dp_accounting must agree spends what a fixed clip at z spends; the server clips at the clip it
+learnt and moves it by the geometric rule; whole runs record the clip and resume to the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import small_config
+
+from algorithms import Environment, get_algorithm
+from raysim import privacy as privacy_lib
+from raysim.cli import main
+from raysim.compare import run_inline
+from raysim.config import load_config
+from raysim.experiment import prepare, run_prepared
+from raysim.modes import PrivacyNeeds, TrustBoundaryError, make_mode
+from raysim.planning import CentralPlan
+from raysim.privacy.events import dp_event
+from raysim.rundir import staging_dir
+from raysim.runtime.checkpoint import load_checkpoint
+
+ROUNDS, Q, N = 30, 0.1, 1000
+
+
+def _plan(sampling, **privacy):
+    sets = ["privacy.mode=client", "privacy.epsilon=4", "privacy.delta=1e-5"]
+    cfg = load_config(None, sets + [f"privacy.{k}={v}" for k, v in privacy.items()])
+    return CentralPlan(cfg.privacy, ROUNDS, Q, sampling, N)
+
+
+def _eps(plan):
+    event = dp_event.SelfComposedDpEvent(plan.round_event(), ROUNDS)
+    return privacy_lib.epsilon(event, 1e-5, "rdp")
+
+
+@pytest.mark.parametrize(
+    ("sampling", "count_sensitivity"), [("poisson", 0.5), ("without_replacement", 1.0)]
+)
+def test_the_count_takes_its_share_and_the_run_spends_what_a_fixed_clip_would(
+    sampling, count_sensitivity
+):
+    fixed = _plan(sampling)
+    adaptive = _plan(sampling, clip_quantile=0.5)
+    cohort = Q * N
+    assert adaptive.count_noise == pytest.approx(cohort / 20 / count_sensitivity)  # the default
+    assert adaptive.noise**-2 + adaptive.count_noise**-2 == pytest.approx(fixed.noise**-2)
+    assert adaptive.noise > fixed.noise  # the sum's own noise is larger
+    assert _eps(adaptive) == pytest.approx(_eps(fixed), rel=1e-6)
+    assert _eps(adaptive) <= 4 * (1 + 1e-3)
+    # a given count noise: its std over the sensitivity
+    assert _plan(sampling, clip_quantile=0.5, clip_count_noise=7).count_noise == pytest.approx(
+        7 / count_sensitivity
+    )
+
+
+def test_geometric_update_is_the_papers():
+    # Andrew et al. eq. (2): C exp(-eta (b - gamma))
+    assert privacy_lib.geometric_clip_update(1.0, 0.9, 0.5, 0.2) == pytest.approx(math.exp(-0.08))
+    assert privacy_lib.geometric_clip_update(2.0, 0.1, 0.5, 0.2) == pytest.approx(
+        2 * math.exp(0.08)
+    )
+    assert privacy_lib.geometric_clip_update(3.0, 0.5, 0.5, 0.2) == 3.0
+
+
+def _mode(**privacy):
+    sets = ["privacy.mode=client", "privacy.epsilon=null", "privacy.delta=1e-3"]
+    sets += ["training.sampling_rate=1", "data.num_clients=4", "data.cluster_sizes=[4]"]
+    cfg = load_config(None, sets + [f"privacy.{k}={v}" for k, v in privacy.items()])
+    needs = PrivacyNeeds(lambda n: [])
+    return make_mode(cfg, np.full(4, 50), needs)
+
+
+def test_the_server_clips_at_the_clip_it_learnt_and_moves_it():
+    # noise ~ 0 on the sum and on the count, so both are exact
+    mode = _mode(
+        noise_multiplier=1e-9,
+        clip=1.5,
+        clip_quantile=0.25,
+        clip_lr=0.2,
+        clip_count_noise=1e-6,
+    )
+    assert "update_clip" not in mode.train_overrides(0)  # the server needs the whole norms
+    assert _mode(clip=1.5, noise_multiplier=1.0).train_overrides(0) == {"update_clip": 1.5}
+    eye = torch.eye(4)
+    updates = [0.5 * eye[0], 1.0 * eye[1], 2.0 * eye[2], 4.0 * eye[3]]
+    rng = np.random.default_rng(0)
+    total = mode.noisy_sum(updates, mode.sensitivity(), rng, 4)
+    np.testing.assert_allclose(total.numpy(), [0.5, 1.0, 1.5, 1.5], atol=1e-5)
+    metrics = mode.round_metrics()
+    assert metrics["clip"] == 1.5 and metrics["unclipped_fraction"] == pytest.approx(0.5)
+    assert mode.clip == pytest.approx(1.5 * math.exp(-0.2 * (0.5 - 0.25)))
+    assert mode.sensitivity() == pytest.approx(mode.clip)  # Poisson: C, at the new clip
+    with pytest.raises(TrustBoundaryError, match="one model sum a round"):
+        mode.noisy_sum(updates, mode.sensitivity(), rng, 4)
+    mode._server_releases.clear()
+    mode.noisy_sum(updates, mode.sensitivity(), rng, 4)
+    (charge,) = mode.server_charges(1)
+    (planned,) = mode.planned_charges(1, range(4), [])
+    assert repr(charge.event) == repr(planned.event)
+    assert "GaussianDpEvent(noise_multiplier=" in repr(charge.event)
+    assert repr(charge.event).count("GaussianDpEvent") == 2  # the sum and the count
+
+
+@pytest.mark.parametrize(
+    ("sets", "words"),
+    [
+        (["privacy.clip_quantile=0.5"], "privacy.mode=client"),  # the demo is sample-level
+        (["privacy.mode=client", "privacy.clip_quantile=1"], "privacy.clip_quantile"),
+        (
+            [
+                "privacy.mode=client",
+                "algorithm.name=fedavg",
+                "privacy.clip_quantile=0.5",
+                "privacy.clip_count_noise=0.01",
+            ],
+            "privacy.clip_count_noise",
+        ),
+        (
+            [
+                "privacy.mode=client",
+                "privacy.clip_quantile=0.5",
+                "algorithm.name=rr_cluster",
+                "training.sampling=without_replacement",
+                "algorithm.B=0",
+            ],
+            "fedavg, fedprox or fedper",
+        ),
+    ],
+)
+def test_bad_requests_exit_2_naming_the_field(sets, words, capsys):
+    argv = ["privacy", "--set", "privacy.delta=1e-3"]
+    for s in sets:
+        argv += ["--set", s]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+RUN = {
+    "rounds": 4,
+    "model.name": "mlp",
+    "privacy.mode": "client",
+    "privacy.epsilon": 8,
+    "privacy.clip": 20,
+    "privacy.clip_quantile": 0.5,
+    "privacy.clip_lr": 0.5,
+    "privacy.clip_count_noise": 1.0,
+}
+
+
+def _run(out, die_after=None, resume=None, **extra):
+    cfg = load_config(None, small_config(**{**RUN, **extra}))
+    prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+
+    def die(row):
+        if row["round"] == die_after:
+            raise KeyboardInterrupt
+
+    run_prepared(prep, out, on_round=die if die_after else None, resume=resume, session=run_inline)
+    return pq.read_table(out / "metrics.parquet").to_pandas().drop(columns="round_seconds")
+
+
+def test_a_run_learns_its_clip_spends_the_fixed_budget_and_resumes(tmp_path):
+    whole = _run(tmp_path / "whole")
+    clips, under = whole["clip"].to_numpy(), whole["unclipped_fraction"].to_numpy()
+    assert clips[0] == 20 and len(set(clips)) == len(clips)
+    # each round's noisy count moves the next round's clip by the paper's rule
+    np.testing.assert_allclose(clips[1:], clips[:-1] * np.exp(-0.5 * (under[:-1] - 0.5)))
+    fixed = _run(tmp_path / "fixed", **{"privacy.clip_quantile": "null"})
+    assert "clip" not in fixed
+    np.testing.assert_allclose(whole["epsilon"], fixed["epsilon"], rtol=1e-9)
+    died = tmp_path / "died"
+    with pytest.raises(KeyboardInterrupt):
+        _run(died, die_after=2)
+    resumed = _run(died, resume=load_checkpoint(staging_dir(died)))
+    assert whole.equals(resumed)  # the learnt clip travels in the checkpoint
