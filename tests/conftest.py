@@ -59,3 +59,25 @@ def small_config(**overrides: object) -> list[str]:
     if base["privacy.mode"] in ("sample", "distributed", "dprivacy"):  # an untrusted server:
         base.setdefault("privacy.client_seed", 11)  # the clients' seed, fixed: runs compare
     return [f"{k}={v}" for k, v in base.items()]
+
+
+def inline_run(out, settings: dict, die_after: int | None = None, resume: bytes | None = None):
+    """A small_config run with ``settings``, in this process without Ray (``raysim compare
+    --inline``'s loop), into ``out``; its metrics without the timings. ``die_after``: stop it
+    with KeyboardInterrupt after that round (a checkpoint stays); ``resume``: continue one."""
+    import pyarrow.parquet as pq
+
+    from algorithms import Environment, get_algorithm
+    from raysim.compare import run_inline
+    from raysim.config import load_config
+    from raysim.experiment import prepare, run_prepared
+
+    cfg = load_config(None, small_config(**settings))
+    prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+
+    def die(row):
+        if row["round"] == die_after:
+            raise KeyboardInterrupt
+
+    run_prepared(prep, out, on_round=die if die_after else None, resume=resume, session=run_inline)
+    return pq.read_table(out / "metrics.parquet").to_pandas().drop(columns="round_seconds")

@@ -9,17 +9,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import small_config
+from conftest import inline_run
 
-from algorithms import Environment, get_algorithm
 from raysim import privacy as privacy_lib
 from raysim.cli import main
-from raysim.compare import run_inline
 from raysim.config import load_config
-from raysim.experiment import prepare, run_prepared
 from raysim.modes import PrivacyNeeds, TrustBoundaryError, make_mode
 from raysim.planning import CentralPlan
 from raysim.privacy.events import dp_event
@@ -156,15 +152,7 @@ RUN = {
 
 
 def _run(out, die_after=None, resume=None, **extra):
-    cfg = load_config(None, small_config(**{**RUN, **extra}))
-    prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
-
-    def die(row):
-        if row["round"] == die_after:
-            raise KeyboardInterrupt
-
-    run_prepared(prep, out, on_round=die if die_after else None, resume=resume, session=run_inline)
-    return pq.read_table(out / "metrics.parquet").to_pandas().drop(columns="round_seconds")
+    return inline_run(out, {**RUN, **extra}, die_after, resume)
 
 
 def test_a_run_learns_its_clip_spends_the_fixed_budget_and_resumes(tmp_path):

@@ -5,17 +5,16 @@ from the seed, and resume from a checkpoint to the same bits (the momentum trave
 from __future__ import annotations
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import small_config
+from conftest import inline_run, small_config
 
 from algorithms import Environment, get_algorithm
 from raysim.aggregation import ServerOptimizer
 from raysim.cli import main
-from raysim.compare import for_algorithm, run_inline
+from raysim.compare import for_algorithm
 from raysim.config import ConfigError, load_config
-from raysim.experiment import prepare, run_prepared
+from raysim.experiment import prepare
 from raysim.rundir import staging_dir
 from raysim.runtime.checkpoint import load_checkpoint
 
@@ -141,15 +140,7 @@ RUN = {
 
 
 def _run(out, die_after=None, resume=None, **extra):
-    cfg = load_config(None, small_config(**{**RUN, **extra}))
-    prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
-
-    def die(row):
-        if row["round"] == die_after:
-            raise KeyboardInterrupt
-
-    run_prepared(prep, out, on_round=die if die_after else None, resume=resume, session=run_inline)
-    return pq.read_table(out / "metrics.parquet").to_pandas()
+    return inline_run(out, {**RUN, **extra}, die_after, resume)
 
 
 @pytest.mark.parametrize(
@@ -172,11 +163,11 @@ def test_optimizer_runs_reproduce_and_resume_to_the_same_bits(tmp_path, keys):
     whole = _run(tmp_path / "whole", **keys)
     assert not np.array_equal(plain["loss"], whole["loss"])  # the optimizer acted
     again = _run(tmp_path / "again", **keys)
-    assert whole.drop(columns="round_seconds").equals(again.drop(columns="round_seconds"))
+    assert whole.equals(again)
 
     died = tmp_path / "died"
     with pytest.raises(KeyboardInterrupt):
         _run(died, die_after=2, **keys)
     blob = load_checkpoint(staging_dir(died))
     resumed = _run(died, resume=blob, **keys)
-    assert whole.drop(columns="round_seconds").equals(resumed.drop(columns="round_seconds"))
+    assert whole.equals(resumed)
