@@ -192,11 +192,17 @@ class CentralPlan:
     def sensitivity(self, clip: float) -> float:
         return clip if self.sampling == "poisson" else 2 * clip
 
+    @property
+    def aux_noise(self) -> float | None:
+        """The multiplier of what a round releases beside its sum, composed with it: the
+        identifiers, or adaptive clipping's count (never both)."""
+        return self.count_noise if self.count_noise is not None else self.id_noise
+
     def round_event(self) -> Any:
-        return privacy_lib.central_round_event(  # the count composes as identifiers would
+        return privacy_lib.central_round_event(
             self.sampling_rate,
             self.noise,
-            self.count_noise if self.count_noise is not None else self.id_noise,
+            self.aux_noise,
             sampling=self.sampling,
             population=self.population,
         )

@@ -205,5 +205,4 @@ class ClientLevel(PrivacyMode):
     def planned_charges(
         self, round: int, participants: Sequence[int], selecting: Sequence[int]
     ) -> list[Charge]:
-        aux = self.plan.count_noise if self.adaptive else self.plan.id_noise
-        return [self._charge(self.plan.noise, aux)]
+        return [self._charge(self.plan.noise, self.plan.aux_noise)]
