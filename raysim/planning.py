@@ -210,5 +210,7 @@ class CentralPlan:
     def summary(self) -> dict[str, Any]:
         out = {"noise_multiplier": self.noise, "id_noise_multiplier": self.id_noise}
         if self.count_noise is not None:
+            p = self.privacy
+            out.update(clip_quantile=p.clip_quantile, clip_lr=p.clip_lr)
             out["clip_count_noise_multiplier"] = self.count_noise
         return out

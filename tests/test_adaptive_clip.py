@@ -161,8 +161,9 @@ def test_a_run_learns_its_clip_spends_the_fixed_budget_and_resumes(tmp_path):
     assert clips[0] == 20 and len(set(clips)) == len(clips)
     # each round's noisy count moves the next round's clip by the paper's rule
     np.testing.assert_allclose(clips[1:], clips[:-1] * np.exp(-0.5 * (under[:-1] - 0.5)))
+    assert (tmp_path / "whole" / "clip.png").is_file()
     fixed = _run(tmp_path / "fixed", **{"privacy.clip_quantile": "null"})
-    assert "clip" not in fixed
+    assert "clip" not in fixed and not (tmp_path / "fixed" / "clip.png").exists()
     np.testing.assert_allclose(whole["epsilon"], fixed["epsilon"], rtol=1e-9)
     died = tmp_path / "died"
     with pytest.raises(KeyboardInterrupt):

@@ -144,7 +144,8 @@ def accounts_epsilon(privacy_summary: dict[str, Any], mode: str | None) -> bool:
 
 
 def plot_run(run_dir: Path) -> None:
-    """accuracy.png (all clients and per true cluster) and epsilon.png (spent per round)."""
+    """accuracy.png (all clients and per true cluster), epsilon.png (spent per round) and, under
+    adaptive clipping, clip.png (the clip and the noisy share of updates under it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,6 +185,18 @@ def plot_run(run_dir: Path) -> None:
     fig.tight_layout()
     fig.savefig(run_dir / "epsilon.png", dpi=100)
     plt.close(fig)
+    if "clip" in m:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(m["round"], m["clip"], marker=".", label="clip")
+        ax.set_xlabel("round")
+        ax.set_ylabel("clip (update L2 norm)")
+        share = ax.twinx()
+        share.plot(m["round"], m["unclipped_fraction"], color="tab:orange", alpha=0.6, lw=1)
+        share.set_ylabel("noisy share of updates under the clip", color="tab:orange")
+        ax.set_title(f"adaptive clipping to the {summary['privacy'].get('clip_quantile')} quantile")
+        fig.tight_layout()
+        fig.savefig(run_dir / "clip.png", dpi=100)
+        plt.close(fig)
 
 
 def warning_label(warning: str) -> str:
