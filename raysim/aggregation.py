@@ -28,8 +28,9 @@ class ServerOptimizer:
 
     It only post-processes what the privacy mode released, so it costs no privacy. Its state (a
     momentum, moments) is the server's, kept per model slot, and checkpointed with the
-    algorithm; ``reset`` drops it where an algorithm rebuilds its models. Plain SGD, the default,
-    is ``model + server_lr * update``: the bits of FedAvg."""
+    algorithm. A slot's state starts at its first move: the algorithms that build their models
+    in a round (rdpcfl's GMM round, PINA's initialisation) move none before. Plain SGD, the
+    default, is ``model + server_lr * update``: the bits of FedAvg."""
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg  # the run's AlgorithmConfig
@@ -50,9 +51,6 @@ class ServerOptimizer:
         opt.step()
         self.saved[slot] = opt.state_dict()
         return param.detach()
-
-    def reset(self) -> None:
-        self.saved.clear()
 
     def _optimizer(self, param: torch.nn.Parameter) -> torch.optim.Optimizer:
         c = self.cfg

@@ -107,10 +107,8 @@ class ClientLevel(PrivacyMode):
         must bound the change of all of them together (sums over disjoint groups, such as one per
         cluster: the sensitivity of one sum; overlapping sums, such as FedCAM's global and cluster
         sums: their joint sensitivity)."""
-        rows = np.zeros((0, dim))
-        if updates:
-            rows = torch.stack(list(updates)).double().numpy()
-        total = clip_l2(rows, self.clip).sum(0) if len(rows) else np.zeros(dim)
+        rows = torch.stack(list(updates)).double().numpy() if updates else np.zeros((0, dim))
+        total = clip_l2(rows, self.clip).sum(0)
         noisy = gaussian_mechanism(total, sensitivity, self.plan.noise, rng)
         z = self.plan.noise
         rel = Released(torch.from_numpy(noisy).float(), "central_gaussian", None, {"z": z})
