@@ -117,7 +117,7 @@ class RDPCFL(ClusteredAlgorithm):
             if full:
                 for t in tasks:
                     t.train = self.train_config(t.client_id, full_batch=True)
-            return RoundPlan(tasks, [self.env.init_weights], {"stage": 1})
+            return RoundPlan(tasks, [self.env.init_weights], {"stage": 1}, waits_for_all=True)
         cohort = self.cohort(rng)
         if stage == 2:
             drawn = sample_assignments(state.info["posteriors"], rng)

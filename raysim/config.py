@@ -318,9 +318,24 @@ class TrainingConfig(_Section):
     physical_batch_size: int = Field(256, gt=0)
     sampling_rate: float = Field(1.0, gt=0, le=1)  # client participation rate q
     sampling: Literal["poisson", "without_replacement"] = "poisson"
+    # the probability that a sampled client is unavailable in a round: it neither trains nor
+    # reports (raysim.sampling.reporting); a list: one per true cluster, in the data's cluster
+    # order, so that one cluster's devices can be less available than another's
+    client_dropout: float | list[float] = 0.0
     eval_every: int = Field(1, gt=0)
     # stop when the clients' mean test loss has not improved for this many evaluations
     early_stop_patience: int | None = Field(None, gt=0)
+
+    @field_validator("client_dropout")
+    @classmethod
+    def _client_dropout(cls, v: float | list[float]) -> float | list[float]:
+        rates = v if isinstance(v, list) else [v]
+        if not rates or not all(0 <= r < 1 for r in rates):
+            raise ValueError(
+                f"expected a probability in [0, 1), or a list of them (one per true cluster), "
+                f"got {v!r}"
+            )
+        return v
 
 
 class RuntimeConfig(_Section):

@@ -78,6 +78,13 @@ def check_against_data(cfg: ExperimentConfig, ds: FederatedDataset) -> None:
             privacy_lib.check_sample_level_delta(cfg.privacy.delta, int(np.min(ds.train_sizes)))
         except (PrivacyConfigError, BudgetError) as exc:
             raise ConfigError(str(exc)) from None
+    rates = cfg.training.client_dropout
+    clusters = int(np.max(ds.true_cluster)) + 1
+    if isinstance(rates, list) and len(rates) != clusters:
+        raise ConfigError(
+            f"training.client_dropout: {len(rates)} rates for the data's {clusters} true "
+            f"cluster(s): give one per cluster, or one number for every client"
+        )
 
 
 def build_dataset(cfg: ExperimentConfig) -> FederatedDataset:

@@ -112,6 +112,9 @@ class RoundPlan:
     models: list[torch.Tensor]  # broadcast once per round (ray.put), indexed by ClientTask.cluster
     info: dict[str, Any] = field(default_factory=dict)
     round: int = 0  # set by the coordinator
+    # the server waits for every planned client (R-DPCFL's clustering round needs them all):
+    # training.client_dropout makes none of them unavailable
+    waits_for_all: bool = False
 
 
 @dataclass

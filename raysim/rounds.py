@@ -5,7 +5,8 @@ leaves the clients' arithmetic to an ``execute`` callable: the Ray coordinator p
 pool (``runtime.coordinator``), ``raysim compare --inline`` an in-process worker. Nothing here
 imports Ray, so the GPU machine runs the very same loop.
 
-One round: the algorithm plans it; the clients run; their persistent state is kept here; the
+One round: the algorithm plans it; the unavailable clients leave the plan
+(``training.client_dropout``); the clients run; their persistent state is kept here; the
 privacy mode admits the reports (the only view the server step gets); the server step runs; the
 ledger is charged from what was released and the budget checked; metrics against the truth are
 computed here, never by the algorithm.
@@ -35,6 +36,7 @@ from raysim.metrics.evaluation import (
 from raysim.modes.secure import secure_noise_rng
 from raysim.privacy.metric_ledger import MetricLedger
 from raysim.protocol import ClientTask, EvalReport, RoundPlan
+from raysim.sampling import dropout_rates, reporting
 from raysim.seeding import SERVER, numpy_rng
 
 # The ledger's accountant, loaded in the background while round 1 trains (once a process)
@@ -104,6 +106,8 @@ class RoundLoop:
         self.cfg, self.algorithm, self.execute = cfg, algorithm, execute
         self.client_seed = client_seed
         self.true_clusters = np.asarray(true_clusters)
+        rates = cfg.training.client_dropout
+        self.dropout = dropout_rates(rates, self.true_clusters) if np.any(rates) else None
         self.round = 0
         self.state = algorithm.init_state(numpy_rng(cfg.seed, 0, SERVER, "init"))
         self.client_states: dict[int, Any] = {}
@@ -148,6 +152,7 @@ class RoundLoop:
         self._load_accountant_meanwhile()
         plan = algo.plan_round(self.state, r, numpy_rng(seed, r, SERVER, "plan"))
         plan.round = r
+        dropped = self._drop_out(plan)
         skipped = self._skip_over_cap(plan)
         reports = self._run("train", plan)
         for rep in reports:
@@ -168,6 +173,8 @@ class RoundLoop:
         self.state = result.state
         row: dict[str, Any] = {"round": r, "participants": len(reports), **result.metrics}
         row.update(algo.privacy.round_metrics())
+        if dropped is not None:
+            row["dropped_out"] = dropped
         if skipped:
             row["skipped_over_cap"] = skipped
         choices = algo.choices(self.state)
@@ -217,6 +224,20 @@ class RoundLoop:
         else:
             self.stale_evals += 1
         return patience is not None and self.stale_evals >= patience
+
+    def _drop_out(self, plan: RoundPlan) -> int | None:
+        """``training.client_dropout``: the sampled clients unavailable this round leave the plan
+        before anything runs (they neither train nor report, and nothing is charged to them);
+        how many, or None where no client ever drops. A plan that waits for all loses none."""
+        if self.dropout is None:
+            return None
+        if plan.waits_for_all or not plan.tasks:
+            return 0
+        ids = np.array([t.client_id for t in plan.tasks], dtype=np.int64)
+        rng = numpy_rng(self.cfg.seed, self.round, SERVER, "dropout")
+        available = reporting(ids, self.dropout, rng)
+        plan.tasks = [t for t, up in zip(plan.tasks, available, strict=True) if up]
+        return int(np.count_nonzero(~available))
 
     def _skip_over_cap(self, plan: RoundPlan) -> int:
         """Under a leakage cap, a client whose next release would cross it sits the round out."""

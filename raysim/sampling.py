@@ -21,3 +21,27 @@ def sample_cohort(
 
 def cohort_size(num_clients: int, rate: float) -> int:
     return max(1, round(rate * num_clients))
+
+
+def dropout_rates(setting: float | list[float], true_clusters: np.ndarray) -> np.ndarray:
+    """Each client's probability of being unavailable in a round (``training.client_dropout``:
+    one number, or one per true cluster). The truth is the simulated world's, used here to
+    decide who is unavailable; the algorithm never sees it."""
+    truth = np.asarray(true_clusters, dtype=np.int64)
+    if isinstance(setting, list):
+        return np.asarray(setting, dtype=np.float64)[truth]
+    return np.full(truth.shape, float(setting))
+
+
+def reporting(client_ids: np.ndarray, rates: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Which of a round's sampled clients report (True) and which are unavailable. One uniform
+    draw per client of the population, whoever was sampled: a client's availability does not
+    depend on who else was sampled, and a run with dropout thins the very cohorts of the run
+    without it (its cohort draws are unchanged).
+
+    Privacy: dropping is a data-independent thinning of the sample, so the accounting of the
+    sampling as planned stays valid and is conservative (a Poisson client reports at rate
+    q (1 - p) <= q; a subset of a fixed-size cohort still differs in one client at most)."""
+    draws = rng.random(len(rates))
+    ids = np.asarray(client_ids, dtype=np.int64)
+    return draws[ids] >= rates[ids]

@@ -1,0 +1,127 @@
+"""``training.client_dropout``: sampled clients that are unavailable neither train nor report,
+nothing is charged to them, and the accounting keeps the plan's sampling (conservative)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from algorithms import ALGORITHMS, Environment
+from raysim.compare import for_algorithm, run_inline
+from raysim.config import ConfigError, load_config
+from raysim.experiment import prepare
+from raysim.privacy_report import privacy_report
+from raysim.sampling import dropout_rates, reporting
+
+SETS = [
+    "rounds=4",
+    "data.dataset=digits",
+    "data.num_clients=12",
+    "data.cluster_sizes=[6,6]",
+    "model.name=linear",
+    "training.batch_size=16",
+    "training.sampling_rate=0.5",
+    "privacy.mode=sample",
+    "privacy.epsilon=8",
+    "privacy.delta=1e-7",
+    "privacy.client_seed=3",
+    "runtime.progress=false",
+]
+
+
+def _prep(*sets: str):
+    cfg = for_algorithm(load_config(None, [*SETS, *sets]), quiet=True)
+    return prepare(cfg, ALGORITHMS[cfg.algorithm.name], Environment)
+
+
+def _charged(res: dict) -> dict[int, set[int]]:
+    """The clients charged in each round (sample-level DP charges each one that trained)."""
+    out: dict[int, set[int]] = {}
+    for row in res["ledger_rows"]:
+        out.setdefault(row["round"], set()).add(row["client"])
+    return out
+
+
+def test_each_client_is_unavailable_at_its_rate_whoever_else_was_sampled():
+    truth = np.repeat([0, 1, 2], 400)
+    rates = dropout_rates([0.0, 0.3, 0.8], truth)
+    ids = np.arange(len(truth))
+    up = np.array([reporting(ids, rates, np.random.default_rng(s)) for s in range(200)])
+    assert up[:, truth == 0].all()  # rate 0: never unavailable
+    for cluster, p in ((1, 0.3), (2, 0.8)):
+        n = up[:, truth == cluster].size
+        sigma = np.sqrt(p * (1 - p) / n)
+        assert abs((~up[:, truth == cluster]).mean() - p) < 5 * sigma
+    # one draw per client of the population: a client's fate does not depend on the cohort
+    some = np.array([5, 500, 1100])
+    assert np.array_equal(
+        reporting(some, rates, np.random.default_rng(7)),
+        reporting(ids, rates, np.random.default_rng(7))[some],
+    )
+    assert np.array_equal(dropout_rates(0.25, truth), np.full(len(truth), 0.25))
+
+
+def test_a_run_with_dropout_thins_the_cohorts_of_the_run_without():
+    """The same cohorts are drawn; the unavailable clients leave them before training, so they
+    are charged nothing that round; a cluster whose rate is 0 loses no one."""
+    prep = _prep("training.client_dropout=[0,0.7]")
+    truth = prep.truth
+    full, thin = run_inline(_prep(), apart=False), run_inline(prep, apart=False)
+    full_sets, thin_sets = _charged(full), _charged(thin)
+    lost: set[int] = set()
+    for r, row in enumerate(thin["history"], start=1):
+        cohort, reported = full_sets.get(r, set()), thin_sets.get(r, set())
+        assert reported <= cohort
+        assert row["participants"] == len(reported)
+        assert row["dropped_out"] == len(cohort) - len(reported)
+        lost |= cohort - reported
+    assert lost and all(truth[c] == 1 for c in lost)
+    assert "dropped_out" not in full["history"][0]
+    # fewer rounds trained, less spent; the plan's accounting is the same
+    assert max(thin["client_epsilon"]) <= max(full["client_epsilon"])
+    assert sum(thin["client_epsilon"]) < sum(full["client_epsilon"])
+
+
+def test_a_run_with_dropout_reproduces():
+    runs = [run_inline(_prep("training.client_dropout=0.4"), apart=False) for _ in range(2)]
+    a, b = (
+        [{k: v for k, v in r.items() if k != "round_seconds"} for r in run["history"]]
+        for run in runs
+    )
+    assert a == b and sum(r["dropped_out"] for r in a) > 0
+
+
+def test_a_round_that_waits_for_all_loses_no_one():
+    """R-DPCFL's first round clusters every client: the server waits for the unavailable."""
+    res = run_inline(_prep("algorithm.name=rdpcfl", "training.client_dropout=0.5"), apart=False)
+    first, *rest = res["history"]
+    assert first["participants"] == 12 and first["dropped_out"] == 0
+    assert sum(r["dropped_out"] for r in rest) > 0
+
+
+def test_the_privacy_report_says_dropout_is_not_credited():
+    plain = privacy_report(_prep(), schedule=False)
+    thin = privacy_report(_prep("training.client_dropout=0.5"), schedule=False)
+    assert thin["epsilon"] == plain["epsilon"]
+    assert "accounted as if every sampled client reported" in thin["client_dropout"]
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("1", "training.client_dropout"),
+        ("-0.1", "[0, 1)"),
+        ("[0.1,1.5]", "one per true cluster"),
+        ("[]", "training.client_dropout"),
+    ],
+)
+def test_a_bad_rate_is_refused_naming_the_key(value, words):
+    with pytest.raises(ConfigError, match=None) as err:
+        load_config(None, [*SETS, f"training.client_dropout={value}"])
+    assert words in str(err.value)
+
+
+def test_one_rate_per_true_cluster_is_checked_against_the_data_before_ray():
+    with pytest.raises(ConfigError) as err:
+        _prep("training.client_dropout=[0.1,0.2,0.3]")
+    assert "3 rates for the data's 2 true cluster(s)" in str(err.value)
