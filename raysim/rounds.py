@@ -88,6 +88,7 @@ CHECKPOINT_FIELDS = (
     "best_loss",
     "stale_evals",
     "algorithm",
+    "rounds_reported",
 )
 
 
@@ -123,6 +124,7 @@ class RoundLoop:
         )
         self.metric_ledger = MetricLedger(cap=p.leakage_cap if p.mode == "dprivacy" else None)
         self.history: list[dict[str, Any]] = []
+        self.rounds_reported = np.zeros(self.num_clients, dtype=np.int64)  # per client
         self.last_eval: list[EvalReport] = []
         self.best_loss, self.stale_evals = float("inf"), 0
 
@@ -155,6 +157,7 @@ class RoundLoop:
         dropped = self._drop_out(plan)
         skipped = self._skip_over_cap(plan)
         reports = self._run("train", plan)
+        np.add.at(self.rounds_reported, [rep.client_id for rep in reports], 1)
         for rep in reports:
             if rep.state is not None:
                 self.client_states[rep.client_id] = rep.state
@@ -261,7 +264,8 @@ class RoundLoop:
         """Continue from a snapshot; returns the last completed round and the history so far."""
         saved = pickle.loads(blob)
         for k in CHECKPOINT_FIELDS:
-            setattr(self, k, saved[k])
+            if k in saved or k != "rounds_reported":  # a checkpoint from before it was counted
+                setattr(self, k, saved[k])
         return self.round, list(self.history)
 
     def results(self) -> dict[str, Any]:
@@ -271,6 +275,7 @@ class RoundLoop:
             "assignments": self.algorithm.assignments(self.state),
             "ledger_rows": self.ledger.rows(),
             "client_epsilon": [self.ledger.epsilon(c) for c in range(self.num_clients)],
+            "rounds_reported": self.rounds_reported.tolist(),
             "ledger_summary": self.ledger.summary(),
             "metric_ledger_rows": self.metric_ledger.rows(),
             "client_leakage": [self.metric_ledger.total(c) for c in range(self.num_clients)],

@@ -76,6 +76,8 @@ def test_a_run_with_dropout_thins_the_cohorts_of_the_run_without():
         assert row["dropped_out"] == len(cohort) - len(reported)
         lost |= cohort - reported
     assert lost and all(truth[c] == 1 for c in lost)
+    for c in range(len(truth)):  # clients.parquet's rounds_reported
+        assert thin["rounds_reported"][c] == sum(c in s for s in thin_sets.values())
     assert "dropped_out" not in full["history"][0]
     # fewer rounds trained, less spent; the plan's accounting is the same
     assert max(thin["client_epsilon"]) <= max(full["client_epsilon"])

@@ -218,6 +218,30 @@ def test_tiny_sweep_runs_reports_and_resumes(ray_session, tmp_path, capsys):
     assert (out / "trials.parquet").read_bytes() == before
 
 
+def test_a_trials_row_has_every_reported_metric_and_list_values_as_json(tmp_path):
+    """trials.parquet holds what a sweep may rank by, and a swept list (one dropout rate per
+    cluster) beside plain numbers: a Parquet column holds one type."""
+    from types import SimpleNamespace
+
+    from tune.space import REPORTED
+    from tune.sweep import trial_rows
+
+    rates = [0.0, [0.0, 0.5]]
+    sweep = load_sweep(_write(tmp_path, {"training.client_dropout": {"grid": rates}}))
+    metrics = {"trial_id": "t", "round": 2, "epsilon": 1.0}
+    metrics.update({k: 0.25 for k in REPORTED})
+    grid = [
+        SimpleNamespace(
+            config={"training.client_dropout": r}, metrics=metrics, error=None, path=str(tmp_path)
+        )
+        for r in rates
+    ]
+    pd.DataFrame(trial_rows(grid, sweep)).to_parquet(tmp_path / "trials.parquet")
+    df = pd.read_parquet(tmp_path / "trials.parquet")
+    assert list(df["training.client_dropout"]) == ["0.0", "[0.0, 0.5]"]
+    assert (df[list(REPORTED)] == 0.25).all().all()  # accuracy_minority, accuracy_disparity too
+
+
 def test_trial_bundles_reserve_the_workers(tmp_path):
     from tune.trainable import placement
 

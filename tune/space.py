@@ -43,7 +43,14 @@ from raysim.config import (
 
 KINDS = ("grid", "choice", "loguniform", "uniform", "randint")
 # what every trial reports each round (tune.trainable), beside round and epsilon: a sweep's metric
-REPORTED = ("accuracy", "loss", "ari", "accuracy_min", "accuracy_disparity")
+REPORTED = (
+    "accuracy",
+    "loss",
+    "ari",
+    "accuracy_min",
+    "accuracy_disparity",
+    "accuracy_minority",  # the smallest true cluster's mean (where the clusters differ in size)
+)
 METRICS = (*REPORTED, "epsilon")
 SCHEDULERS = ("fifo", "asha")
 TOP_KEYS = {"base", "name", "set", "metric", "mode", "num_samples", "space", "scheduler"}

@@ -9,6 +9,7 @@ unfinished and errored ones run again).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shlex
@@ -22,7 +23,15 @@ import yaml
 from raysim.config import ConfigError
 from raysim.rundir import error_text, handlers_kept, out_flag
 from raysim.seeding import public_seed
-from tune.space import Sweep, combinations, label, load_sweep, trial_config, trial_variants
+from tune.space import (
+    REPORTED,
+    Sweep,
+    combinations,
+    label,
+    load_sweep,
+    trial_config,
+    trial_variants,
+)
 
 TUNE_DIR = "tune"
 SETTINGS = "sweep.yaml"  # what the trials are made from (base, space): --resume keeps to it
@@ -117,15 +126,22 @@ def trial_rows(grid: Any, sweep: Sweep) -> list[dict[str, Any]]:
                 "algorithm": cfg.algorithm.name,
                 "epsilon_budget": cfg.privacy.epsilon if cfg.privacy.mode != "none" else None,
                 "rounds_done": m.get("round"),
-                "accuracy": m.get("accuracy"),
-                "loss": m.get("loss"),
-                "ari": m.get("ari"),
-                "accuracy_min": m.get("accuracy_min"),
+                **{k: m.get(k) for k in REPORTED},  # every metric a sweep may rank by
                 "epsilon": m.get("epsilon"),
                 "error": None if result.error is None else error_text(result.error),
                 "path": result.path,
             }
         )
+    return _flat_values(rows, sweep)
+
+
+def _flat_values(rows: list[dict[str, Any]], sweep: Sweep) -> list[dict[str, Any]]:
+    """A swept key with list values (``training.client_dropout: [0, 0.5]``, cluster sizes) is
+    written as JSON text, every value of it: a Parquet column holds one type."""
+    for key in sweep.space:
+        if any(isinstance(row[key], list | dict) for row in rows):
+            for row in rows:
+                row[key] = json.dumps(row[key])
     return rows
 
 
@@ -332,10 +348,10 @@ def sweep_main(args: argparse.Namespace) -> int:
     df.to_parquet(out / "trials.parquet", index=False)
     plot_sweep(df, sweep, out)
     best = df.sort_values(sweep.metric, ascending=sweep.mode == "min", na_position="last")
-    cols = [*sweep.space, "accuracy", "loss", "ari", "epsilon", "rounds_done"]
+    cols = [*sweep.space, "accuracy", sweep.metric, "loss", "ari", "epsilon", "rounds_done"]
     shown = best[[c for c in dict.fromkeys(cols) if c in best]].head(5).copy()
     shown = shown.dropna(axis="columns", how="all")  # e.g. ari where no trial clusters
-    for col in ("accuracy", "accuracy_min"):
+    for col in ("accuracy", "accuracy_min", "accuracy_minority"):
         if col in shown:
             shown[col] = (100 * shown[col]).round(1)
     which = "all" if len(df) <= len(shown) else f"the best {len(shown)} of"

@@ -52,6 +52,7 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
     assigned = results.get("assignments")
     eps = results["client_epsilon"]
     evals = {r.client_id: r for r in results["eval"]}
+    reported = results.get("rounds_reported")  # absent from results made before it was counted
     clients = [
         {
             "client_id": c,
@@ -60,6 +61,7 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
             "accuracy": evals[c].accuracy if c in evals else None,
             "loss": evals[c].loss if c in evals else None,
             "num_train": int(prep.dataset.train_sizes[c]),
+            "rounds_reported": reported[c] if reported is not None else None,
             "epsilon": json_safe(eps[c])
             if accounts_epsilon(prep.privacy_summary, cfg.privacy.mode)
             else None,
