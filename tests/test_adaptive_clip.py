@@ -6,9 +6,11 @@ learnt and moves it by the geometric rule; whole runs record the clip and resume
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import inline_run
@@ -165,6 +167,9 @@ def test_a_run_learns_its_clip_spends_the_fixed_budget_and_resumes(tmp_path):
     fixed = _run(tmp_path / "fixed", **{"privacy.clip_quantile": "null"})
     assert "clip" not in fixed and not (tmp_path / "fixed" / "clip.png").exists()
     np.testing.assert_allclose(whole["epsilon"], fixed["epsilon"], rtol=1e-9)
+    ledger = pq.read_table(tmp_path / "whole" / "privacy.parquet").to_pandas()
+    z_counts = {json.loads(p)["z_count"] for p in ledger["params"]}  # the count's noise, named:
+    assert z_counts == {2.0}  # its std 1.0 over the bits' sensitivity 1/2 (Poisson, q = 1)
     died = tmp_path / "died"
     with pytest.raises(KeyboardInterrupt):
         _run(died, die_after=2)

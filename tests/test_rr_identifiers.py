@@ -171,6 +171,7 @@ def test_histogram_releases_noisy_counts_and_pays_the_exact_id_sensitivity():
     charge = algo.privacy.planned_charges(1, [], [])[0]
     zs = sorted(e.noise_multiplier for e in charge.event.event.events)
     assert zs == [1.0, 1.0]  # the counts are charged like the per-client ids
+    assert charge.params["z_ids"] == algo.privacy.plan.id_noise  # named in privacy.parquet
     # B = 0 and an empty group: under exact ids every cluster still releases a noisy sum
     b0 = RRCluster(env_for(*CLIENT, "algorithm.identifiers=histogram", "algorithm.B=0"))
     st = b0.init_state(rng())

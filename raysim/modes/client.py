@@ -196,9 +196,10 @@ class ClientLevel(PrivacyMode):
         adaptive clipping's count), on the same sampled clients."""
         p = self.plan
         event = privacy_lib.central_round_event(p.sampling_rate, z, z_aux, p.sampling, p.population)
-        return Charge(
-            "central_gaussian", event, None, {"z": z, "q": p.sampling_rate, "sampling": p.sampling}
-        )
+        params: dict[str, Any] = {"z": z, "q": p.sampling_rate, "sampling": p.sampling}
+        if z_aux is not None:  # the ledger names what was composed with the sum
+            params["z_count" if self.adaptive else "z_ids"] = z_aux
+        return Charge("central_gaussian", event, None, params)
 
     def planned_charges(
         self, round: int, participants: Sequence[int], selecting: Sequence[int]
