@@ -82,7 +82,7 @@ def check_against_data(cfg: ExperimentConfig, ds: FederatedDataset) -> None:
     clusters = int(np.max(ds.true_cluster)) + 1
     if isinstance(rates, list) and len(rates) != clusters:
         raise ConfigError(
-            f"training.client_dropout: {len(rates)} rates for the data's {clusters} true "
+            f"training.client_dropout: {len(rates)} rate(s) for the data's {clusters} true "
             f"cluster(s): give one per cluster, or one number for every client"
         )
 

@@ -126,4 +126,4 @@ def test_a_bad_rate_is_refused_naming_the_key(value, words):
 def test_one_rate_per_true_cluster_is_checked_against_the_data_before_ray():
     with pytest.raises(ConfigError) as err:
         _prep("training.client_dropout=[0.1,0.2,0.3]")
-    assert "3 rates for the data's 2 true cluster(s)" in str(err.value)
+    assert "3 rate(s) for the data's 2 true cluster(s)" in str(err.value)
