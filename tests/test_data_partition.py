@@ -12,12 +12,12 @@ from raysim.data.partition import (
     allocate_iid,
     apply_shift,
     cluster_assignment,
-    minority_cluster,
     num_train_for,
     sizes_from_ratios,
     split_train_test,
 )
 from raysim.data.seeding import rng_for
+from raysim.metrics.evaluation import minority_cluster
 
 FAST = settings(max_examples=40, deadline=None)
 
@@ -27,6 +27,8 @@ def test_paper_sizes() -> None:
     assert np.bincount(c).tolist() == [3, 6, 6, 6]
     assert c.tolist() == sorted(c.tolist())  # numbered cluster by cluster, cluster 0 first
     assert minority_cluster(c) == 0
+    assert minority_cluster(cluster_assignment(8, cluster_sizes=[4, 2, 2])) == 1  # the first
+    assert minority_cluster(cluster_assignment(8, cluster_sizes=[4, 4])) is None
 
 
 def test_ratios_2_1_1_of_1000() -> None:

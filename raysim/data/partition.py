@@ -67,11 +67,6 @@ def cluster_assignment(
     return np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
 
 
-def minority_cluster(clusters: np.ndarray) -> int:
-    """The smallest cluster (the paper's "minority"); ties go to the lower index."""
-    return int(np.argmin(np.bincount(clusters)))
-
-
 # ------------------------------------------------------------------------- sample allocation
 
 

@@ -24,7 +24,8 @@ from raysim.protocol import EvalReport
 
 
 def minority_cluster(true_clusters: np.ndarray) -> int | None:
-    """The smallest true cluster, or None when all clusters have the same size."""
+    """The smallest true cluster (R-DPCFL's "minority"; of equal smallest ones, the first), or
+    None when all clusters have the same size."""
     ids, counts = np.unique(true_clusters, return_counts=True)
     if len(ids) < 2 or counts.min() == counts.max():
         return None
