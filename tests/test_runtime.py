@@ -32,13 +32,16 @@ def test_same_seed_same_metrics_for_1_and_2_workers(ray_session, tmp_path, algor
     assert not one.equals(other)
 
 
-def test_dprivacy_same_for_1_and_2_workers(ray_session, tmp_path):
+def test_dprivacy_with_dropout_same_for_1_and_2_workers(ray_session, tmp_path):
     """Untrusted-server runs keep the clients' side in its own actor: the bits still do not
-    depend on the workers (distributed: tests/test_clients_apart.py)."""
+    depend on the workers (distributed: tests/test_clients_apart.py), nor do the clients that
+    are unavailable (training.client_dropout)."""
     sets = ["algorithm.name=ifca", "privacy.mode=dprivacy", "privacy.nu=5", "privacy.client_seed=7"]
+    sets.append("training.client_dropout=0.4")
     one = _run(tmp_path, "one", *sets, "runtime.num_workers=1")
     two = _run(tmp_path, "two", *sets, "runtime.num_workers=2")
     assert one.equals(two), (one, two)
+    assert one["dropped_out"].sum() > 0
 
 
 def test_client_level_dp_and_actor_per_client_agree(ray_session, tmp_path):
