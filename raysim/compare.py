@@ -199,6 +199,8 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
         row["warning"] = s.get("warning")
         row["privacy_mode"] = s.get("privacy_mode")
         row["rounds_seconds"] = s.get("rounds_seconds")
+        row["reports_per_round"] = s.get("reports_per_round")
+        row["dropped_out"] = s.get("dropped_out")
         row["stretches"] = s.get("stretches")
         row["client_seed"] = _client_seed_of(run_dir)
         runs.setdefault(run_dir.parent.name, []).append(row)
@@ -248,7 +250,10 @@ def table_order(out: Path) -> list[str]:
 def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = None) -> str:
     """Markdown: accuracies in %, mean ± std over seeds; clustering success as k/n seeds."""
     names = [a for a in (order or runs) if a in runs]
-    head = ["algorithm", "seeds", "rounds"] + [c for c, _ in ACCURACY_COLUMNS]
+    # where clients were unavailable (training.client_dropout): the reports a round got
+    dropout = any(r.get("dropped_out") is not None for a in names for r in runs[a])
+    head = ["algorithm", "seeds", "rounds"] + (["reports/round"] if dropout else [])
+    head += [c for c, _ in ACCURACY_COLUMNS]
     head += ["ARI=1 after r1", "ARI=1 at end", "eps spent", "M", "MSS", "E_c", "min/run"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for a in names:
@@ -259,6 +264,8 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
         warnings = sorted({warning_label(r["warning"]) for r in rs if r.get("warning")})
         label = f"{a} ({'; '.join(warnings)})" if warnings else a
         cells = [label, str(len(rs)), ",".join(sorted({str(r["rounds"]) for r in rs}))]
+        if dropout:
+            cells.append(_mean_std([r.get("reports_per_round") for r in rs], scale=1.0))
         cells += [_mean_std([r.get(key) for r in rs]) for _, key in ACCURACY_COLUMNS]
         for key in ("ari_round1", "ari"):
             vals = [r.get(key) for r in rs if r.get(key) is not None]

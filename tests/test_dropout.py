@@ -3,13 +3,16 @@ nothing is charged to them, and the accounting keeps the plan's sampling (conser
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 
 from algorithms import ALGORITHMS, Environment
-from raysim.compare import for_algorithm, run_inline
+from raysim.compare import collect, for_algorithm, run_inline, table
 from raysim.config import ConfigError, load_config
-from raysim.experiment import prepare
+from raysim.experiment import prepare, run_prepared
 from raysim.privacy_report import privacy_report
 from raysim.sampling import dropout_rates, reporting
 
@@ -127,3 +130,18 @@ def test_one_rate_per_true_cluster_is_checked_against_the_data_before_ray():
     with pytest.raises(ConfigError) as err:
         _prep("training.client_dropout=[0.1,0.2,0.3]")
     assert "3 rate(s) for the data's 2 true cluster(s)" in str(err.value)
+
+
+def test_the_summary_and_the_compare_table_count_the_reports(tmp_path):
+    for name, sets in (("thin", ["training.client_dropout=0.4"]), ("full", [])):
+        out = tmp_path / name / "fedavg" / "seed0"
+        run_prepared(_prep(*sets), out, session=run_inline)
+        summary = json.loads((out / "summary.json").read_text())
+        rows = pd.read_parquet(out / "metrics.parquet")
+        assert summary["reports_per_round"] == pytest.approx(rows["participants"].mean())
+        if sets:
+            assert summary["dropped_out"] == rows["dropped_out"].sum() > 0
+        else:
+            assert "dropped_out" not in summary
+    thin, full = (table(collect(tmp_path / name)) for name in ("thin", "full"))
+    assert "| reports/round |" in thin and "reports/round" not in full

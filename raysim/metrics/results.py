@@ -106,6 +106,9 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
             **prep.privacy_summary,
         },
         "diagnostics": diagnostics_summary(history),
+        "reports_per_round": float(np.mean([r["participants"] for r in history]))
+        if history
+        else None,
         "wall_seconds": results["wall_seconds"],  # this process's (a resumed run: since resuming)
         # the rounds' own time, summed over every round, resumed or not: what a run costs
         "rounds_seconds": sum(row.get("round_seconds", 0.0) for row in history),
@@ -113,6 +116,8 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
         "gpus_per_worker": results.get("gpus_per_worker"),
         "workers_replaced": results.get("workers_replaced", 0),
     }
+    if any("dropped_out" in r for r in history):  # training.client_dropout: how many, in all
+        summary["dropped_out"] = sum(r.get("dropped_out", 0) for r in history)
     if results.get("startup_seconds"):  # a Ray run: when each start-up step was done
         summary["startup_seconds"] = results["startup_seconds"]
     privacy = summary["privacy"]
