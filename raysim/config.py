@@ -271,6 +271,9 @@ class PrivacyConfig(_Section):
     noise_cohort_size: int = Field(10000, gt=0)
     population: int | None = Field(None, gt=0)  # for accounting; default data.num_clients
     noise_source: Literal["server", "clients"] = "server"  # one draw, or per-client shares
+    # noise_source clients: the share of the expected cohort that may drop out before the
+    # aggregator must add noise; each client's share is sized for (1 - t) m members
+    dropout_tolerance: float = Field(0.0, ge=0, lt=1)
     # dprivacy (metric local DP, Galli et al.): eps = n / (nu * ||delta||) per release
     nu: float = Field(1.0, gt=0)
     leakage_cap: float | None = Field(None, gt=0)  # per-client total; a client past it skips
@@ -300,6 +303,11 @@ class PrivacyConfig(_Section):
             raise ValueError(
                 f"privacy.clip_quantile (adaptive clipping) is client-level DP's: set "
                 f"privacy.mode=client, or leave it out under mode {self.mode!r}"
+            )
+        if self.dropout_tolerance and (self.mode, self.noise_source) != ("distributed", "clients"):
+            raise ValueError(
+                "privacy.dropout_tolerance sizes the clients' noise shares: set "
+                "privacy.mode=distributed and privacy.noise_source=clients, or leave it out"
             )
         if needs_budget and self.noise_multiplier == 0:
             raise ValueError(

@@ -145,3 +145,73 @@ def test_the_summary_and_the_compare_table_count_the_reports(tmp_path):
             assert "dropped_out" not in summary
     thin, full = (table(collect(tmp_path / name)) for name in ("thin", "full"))
     assert "| reports/round |" in thin and "reports/round" not in full
+
+
+@pytest.mark.parametrize(("members", "std_ratio"), [(40, (40 / 25) ** 0.5), (10, 1.0)])
+def test_shares_sized_for_the_survivors_are_never_less_noisy_than_calibrated(members, std_ratio):
+    """privacy.dropout_tolerance 0.5 of an expected cohort of 50: each share is N(0, std^2/25).
+    40 members add up to std * sqrt(40/25) (more than calibrated, nothing added); 10 members
+    lack what 15 shares would carry, and the aggregator adds exactly that."""
+    import torch
+
+    from raysim.modes.secure import SecureAggregator, client_noise_share
+    from raysim.protocol import SecureContribution
+
+    dim, std, share_cohort = 100_000, 0.7, 25.0
+    shares = [
+        SecureContribution(
+            0,
+            torch.zeros(dim),
+            client_noise_share(1, dim, std, share_cohort, np.random.default_rng(c)),
+        )
+        for c in range(members)
+    ]
+    agg = SecureAggregator(1, dim, clip=1.0, std=std, share_cohort=share_cohort)
+    sums = agg.aggregate(shares, np.random.default_rng(10_000))
+    assert float(sums.sums[0].double().std()) == pytest.approx(std * std_ratio, rel=0.02)
+
+
+DISTRIBUTED = [
+    "privacy.mode=distributed",
+    "privacy.noise_source=clients",
+    "privacy.population=1000000",
+    "privacy.epsilon=8",
+    "training.sampling_rate=1",
+    "training.client_dropout=0.3",
+]
+
+
+def test_the_rounds_whose_shares_fell_short_are_counted():
+    """12 expected members, 30% unavailable: with no tolerance nearly every round is short of
+    shares; sized for 6 survivors (tolerance 0.5), fewer are; each round says which."""
+    short = run_inline(_prep(*DISTRIBUTED), apart=False)["history"]
+    tolerant = run_inline(_prep(*DISTRIBUTED, "privacy.dropout_tolerance=0.5"), apart=False)
+    for rows, survivors in ((short, 12), (tolerant["history"], 6)):
+        for row in rows:
+            assert row["noise_topped_up"] == float(row["participants"] < survivors)
+    assert sum(r["noise_topped_up"] for r in short) > sum(
+        r["noise_topped_up"] for r in tolerant["history"]
+    )
+    apart = run_inline(_prep(*DISTRIBUTED, "privacy.dropout_tolerance=0.5"), apart=True)
+    untimed = [{k: v for k, v in r.items() if k != "round_seconds"} for r in apart["history"]]
+    assert untimed == [
+        {k: v for k, v in r.items() if k != "round_seconds"} for r in tolerant["history"]
+    ]  # the clients' side, in its own process, sizes and sums the shares alike
+    spec = _prep(*DISTRIBUTED, "privacy.dropout_tolerance=0.5").privacy_summary["secure_spec"]
+    assert spec["share_cohort"] == pytest.approx(6.0)  # what the clients' side enforces
+
+
+@pytest.mark.parametrize(
+    ("sets", "words"),
+    [
+        (["privacy.dropout_tolerance=0.5"], "privacy.noise_source=clients"),
+        (
+            [*DISTRIBUTED, "training.sampling_rate=0.1", "privacy.dropout_tolerance=0.5"],
+            "at least 1",
+        ),
+    ],
+)
+def test_a_tolerance_that_cannot_apply_is_refused(sets, words):
+    with pytest.raises(ConfigError) as err:
+        _prep(*sets)
+    assert words in str(err.value)

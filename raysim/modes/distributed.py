@@ -47,7 +47,7 @@ from raysim.modes.secure import (
     contribution_sensitivity,
 )
 from raysim.planning import refuse_over_budget
-from raysim.privacy import BudgetError, Released, clip_l2, private_sketch
+from raysim.privacy import BudgetError, PrivacyConfigError, Released, clip_l2, private_sketch
 from raysim.privacy.distributed import (
     SHARE_PURPOSE,
     NoiseCohort,
@@ -101,7 +101,14 @@ class Distributed(PrivacyMode):
         self.noise_rate = self.noise_cohort.sampling_rate
         self.cohort = cfg.training.sampling_rate * self.num_clients  # expected real cohort m
         self.plan = self._calibrate(needs)
+        if p.noise_source == "clients" and self.share_cohort < 1:
+            raise PrivacyConfigError(
+                f"privacy.dropout_tolerance={p.dropout_tolerance} leaves "
+                f"{self.share_cohort:.3g} of the expected cohort of {self.cohort:.3g} to carry "
+                "the noise shares: at least 1 must; lower it, or sample more clients"
+            )
         self._released = False
+        self._metrics: dict[str, float] = {}
         self._sketched: set[int] = set()  # the clients whose one local release is spent
 
     def _calibrate(self, needs) -> SecurePlan:
@@ -132,6 +139,14 @@ class Distributed(PrivacyMode):
         return SecurePlan(z, releases, local)
 
     @property
+    def share_cohort(self) -> float:
+        """The members whose noise shares alone add up to the calibrated noise: the expected
+        cohort less the dropouts tolerated (``privacy.dropout_tolerance``). A real secure
+        aggregation has no party to add what missing shares lack, so clients over-provision:
+        a round with more members is noisier than calibrated, never less."""
+        return self.cohort * (1.0 - self.privacy.dropout_tolerance)
+
+    @property
     def std(self) -> float:
         """Per-coordinate noise std on the real cohort's slot sums."""
         sens = contribution_sensitivity(self.privacy.clip)
@@ -139,7 +154,7 @@ class Distributed(PrivacyMode):
 
     def secure_spec(self) -> SecureSpec:
         """The calibrated secure sum, as the clients' side enforces it."""
-        shares = self.cohort if self.privacy.noise_source == "clients" else None
+        shares = self.share_cohort if self.privacy.noise_source == "clients" else None
         return SecureSpec(self.privacy.clip, self.std, shares, self.plan.releases)
 
     def summary(self) -> dict[str, Any]:
@@ -163,7 +178,8 @@ class Distributed(PrivacyMode):
         share = None
         if self.privacy.noise_source == "clients":
             rng = ctx.rng(SHARE_PURPOSE)
-            share = client_noise_share(len(ctx.models), vector.numel(), self.std, self.cohort, rng)
+            shape = (len(ctx.models), vector.numel())
+            share = client_noise_share(*shape, self.std, self.share_cohort, rng)
         report.contribution = SecureContribution(slot, vector.float(), share)
         report.update = report.cluster = None  # nothing else leaves the client
         report.num_samples = 0  # nor its dataset's size (a client's data replaced by none)
@@ -255,6 +271,9 @@ class Distributed(PrivacyMode):
         dim = int(plan.models[0].numel()) if plan.models else 0
         agg = self.secure_spec().aggregator(len(plan.models), dim, algorithm)
         self._released = True
+        if agg.share_cohort is not None:  # fewer shares than sized for: the aggregator adds noise
+            members = len(deposited) + len(contributions)
+            self._metrics = {"noise_topped_up": float(members < agg.share_cohort)}
         if deposited:
             if secure is None or contributions:
                 why = "handed to the clients' side, where this run sums none"
@@ -266,6 +285,10 @@ class Distributed(PrivacyMode):
             sums = agg.aggregate(contributions, rng)
         sums.released = sketches
         return sums
+
+    def round_metrics(self) -> dict[str, float]:
+        out, self._metrics = self._metrics, {}
+        return out
 
     # -- accounting ----------------------------------------------------------------------------
     def charges(self, round: int, reports: list[ClientReport]) -> list[Charge]:
