@@ -147,30 +147,6 @@ def test_the_summary_and_the_compare_table_count_the_reports(tmp_path):
     assert "| reports/round |" in thin and "reports/round" not in full
 
 
-@pytest.mark.parametrize(("members", "std_ratio"), [(40, (40 / 25) ** 0.5), (10, 1.0)])
-def test_shares_sized_for_the_survivors_are_never_less_noisy_than_calibrated(members, std_ratio):
-    """privacy.dropout_tolerance 0.5 of an expected cohort of 50: each share is N(0, std^2/25).
-    40 members add up to std * sqrt(40/25) (more than calibrated, nothing added); 10 members
-    lack what 15 shares would carry, and the aggregator adds exactly that."""
-    import torch
-
-    from raysim.modes.secure import SecureAggregator, client_noise_share
-    from raysim.protocol import SecureContribution
-
-    dim, std, share_cohort = 100_000, 0.7, 25.0
-    shares = [
-        SecureContribution(
-            0,
-            torch.zeros(dim),
-            client_noise_share(1, dim, std, share_cohort, np.random.default_rng(c)),
-        )
-        for c in range(members)
-    ]
-    agg = SecureAggregator(1, dim, clip=1.0, std=std, share_cohort=share_cohort)
-    sums = agg.aggregate(shares, np.random.default_rng(10_000))
-    assert float(sums.sums[0].double().std()) == pytest.approx(std * std_ratio, rel=0.02)
-
-
 DISTRIBUTED = [
     "privacy.mode=distributed",
     "privacy.noise_source=clients",

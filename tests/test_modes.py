@@ -312,6 +312,21 @@ def test_server_output_depends_only_on_the_slot_sums():
     assert any(not np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+def _summed_shares(members: int, dim: int, std: float, share_cohort: float) -> SecureSums:
+    """The secure sum of ``members`` zero vectors whose noise shares were sized for
+    ``share_cohort`` members, the aggregator drawing any shortfall."""
+    shares = [
+        SecureContribution(
+            0,
+            torch.zeros(dim),
+            client_noise_share(1, dim, std, share_cohort, np.random.default_rng(c)),
+        )
+        for c in range(members)
+    ]
+    agg = SecureAggregator(1, dim, clip=1.0, std=std, share_cohort=share_cohort)
+    return agg.aggregate(shares, np.random.default_rng(10_000))  # not a share's seed
+
+
 @pytest.mark.parametrize("members", [50, 10])
 def test_client_noise_shares_and_a_server_draw_have_the_same_std(members):
     """Shares drawn for an expected cohort of 50: with 50 members they add up to the calibrated
@@ -320,20 +335,20 @@ def test_client_noise_shares_and_a_server_draw_have_the_same_std(members):
     agg = SecureAggregator(1, dim, clip=1.0, std=std)
     zero = [SecureContribution(0, torch.zeros(dim)) for _ in range(members)]
     server = agg.aggregate(zero, np.random.default_rng(0))
-    shares = [
-        SecureContribution(
-            0,
-            torch.zeros(dim),
-            client_noise_share(1, dim, std, cohort, np.random.default_rng(c)),
-        )
-        for c in range(members)
-    ]
-    with_shares = SecureAggregator(1, dim, clip=1.0, std=std, share_cohort=cohort)
-    clients = with_shares.aggregate(shares, np.random.default_rng(10_000))  # not a share's seed
+    clients = _summed_shares(members, dim, std, cohort)
     for sums in (server, clients):
         assert float(sums.sums[0].double().std()) == pytest.approx(std, rel=0.02)
         # the count: the members, noised at std / (COUNT_WEIGHT * clip)
         assert abs(sums.counts[0] - members) < 6 * std / COUNT_WEIGHT
+
+
+@pytest.mark.parametrize(("members", "std_ratio"), [(40, (40 / 25) ** 0.5), (10, 1.0)])
+def test_shares_sized_for_the_survivors_are_never_less_noisy_than_calibrated(members, std_ratio):
+    """privacy.dropout_tolerance 0.5 of an expected cohort of 50: each share is N(0, std^2/25).
+    40 members add up to std * sqrt(40/25) (more than calibrated, nothing added); 10 members
+    lack what 15 shares would carry, and the aggregator adds exactly that."""
+    sums = _summed_shares(members, 100_000, 0.7, 25.0)
+    assert float(sums.sums[0].double().std()) == pytest.approx(0.7 * std_ratio, rel=0.02)
 
 
 def test_distributed_calibration_and_noise_cohort_scaling():
