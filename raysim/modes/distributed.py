@@ -272,8 +272,8 @@ class Distributed(PrivacyMode):
         agg = self.secure_spec().aggregator(len(plan.models), dim, algorithm)
         self._released = True
         if agg.share_cohort is not None:  # fewer shares than sized for: the aggregator adds noise
-            members = len(deposited) + len(contributions)
-            self._metrics = {"noise_topped_up": float(members < agg.share_cohort)}
+            missing = agg.missing_share(len(deposited) + len(contributions))
+            self._metrics = {"noise_topped_up": float(missing > 0)}
         if deposited:
             if secure is None or contributions:
                 why = "handed to the clients' side, where this run sums none"

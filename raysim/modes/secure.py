@@ -86,6 +86,13 @@ class SecureAggregator:
         self.algorithm = algorithm
         self.share_cohort = share_cohort
 
+    def missing_share(self, members: int) -> float:
+        """The share of the calibrated noise variance that ``members`` contributions lack and
+        the aggregator adds (0: their noise shares carry it all, or more)."""
+        if self.share_cohort is None:
+            return 1.0
+        return max(0.0, 1.0 - members / self.share_cohort)
+
     def check(self, c: SecureContribution) -> None:
         from raysim.modes.base import refuse
 
@@ -113,7 +120,7 @@ class SecureAggregator:
                 total += c.noise_share
         # K shares of variance std^2 / m add up to std^2 K / m: a round with fewer members than
         # the m they were drawn for would be under-noised, so the aggregator adds the rest
-        missing = 1.0 if self.share_cohort is None else 1.0 - shares / self.share_cohort
+        missing = self.missing_share(shares)
         if missing > 0:
             std = self.std * math.sqrt(missing)
             total += torch.from_numpy(server_noise(std, tuple(total.shape), rng))
