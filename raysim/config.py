@@ -274,6 +274,10 @@ class PrivacyConfig(_Section):
     # noise_source clients: the share of the expected cohort that may drop out before the
     # aggregator must add noise; each client's share is sized for (1 - t) m members
     dropout_tolerance: float = Field(0.0, ge=0, lt=1)
+    # a round with fewer members than the shares were sized for: top_up, the simulated
+    # aggregator adds the noise they lack; abort, it releases nothing, as a real secure
+    # aggregation (which has no party to add noise) must
+    shortfall: Literal["top_up", "abort"] = "top_up"
     # dprivacy (metric local DP, Galli et al.): eps = n / (nu * ||delta||) per release
     nu: float = Field(1.0, gt=0)
     leakage_cap: float | None = Field(None, gt=0)  # per-client total; a client past it skips
@@ -304,11 +308,16 @@ class PrivacyConfig(_Section):
                 f"privacy.clip_quantile (adaptive clipping) is client-level DP's: set "
                 f"privacy.mode=client, or leave it out under mode {self.mode!r}"
             )
-        if self.dropout_tolerance and (self.mode, self.noise_source) != ("distributed", "clients"):
-            raise ValueError(
-                "privacy.dropout_tolerance sizes the clients' noise shares: set "
-                "privacy.mode=distributed and privacy.noise_source=clients, or leave it out"
-            )
+        shares = (self.mode, self.noise_source) == ("distributed", "clients")
+        for key, given in (
+            ("dropout_tolerance", self.dropout_tolerance != 0),
+            ("shortfall", self.shortfall != "top_up"),
+        ):
+            if given and not shares:
+                raise ValueError(
+                    f"privacy.{key} is about the clients' noise shares: set "
+                    "privacy.mode=distributed and privacy.noise_source=clients, or leave it out"
+                )
         if needs_budget and self.noise_multiplier == 0:
             raise ValueError(
                 f"privacy.noise_multiplier=0 adds no noise (eps = infinity) under mode "

@@ -7,11 +7,13 @@ through the same ledger a run uses.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from raysim.privacy import PrivacyLedger
+from raysim.sampling import dropout_rates, report_count_pmf
 
 
 def privacy_report(prep: Any, schedule: bool = True) -> dict[str, Any]:
@@ -52,6 +54,9 @@ def privacy_report(prep: Any, schedule: bool = True) -> dict[str, Any]:
             f"{cfg.training.client_dropout}: accounted as if every sampled client reported "
             "(unavailable clients only spend less)"
         )
+    short = _short_of_shares(prep)
+    if short is not None:
+        out["rounds_short_of_shares"] = short
     out["epsilon"] = max(v[-1] for v in per_round.values())
     out["rounds"] = cfg.rounds
     out["clients"] = int(len(env.train_sizes))
@@ -59,6 +64,23 @@ def privacy_report(prep: Any, schedule: bool = True) -> dict[str, Any]:
     if schedule:
         out["epsilon_per_round"] = per_round
     return out
+
+
+def _short_of_shares(prep: Any) -> str | None:
+    """Under per-client noise shares, how often a round has fewer members than the shares were
+    sized for (``privacy.dropout_tolerance``) and so is topped up or aborted
+    (``privacy.shortfall``), in closed form (raysim.sampling.report_count_pmf)."""
+    cfg, mode = prep.cfg, prep.algorithm.privacy
+    if cfg.privacy.mode != "distributed" or cfg.privacy.noise_source != "clients":
+        return None
+    t = cfg.training
+    pmf = report_count_pmf(dropout_rates(t.client_dropout, prep.truth), t.sampling_rate, t.sampling)
+    outcome = "aborts" if cfg.privacy.shortfall == "abort" else "is topped up by the aggregator"
+    needed = mode.share_cohort
+    if pmf is None:
+        return f"a round with fewer than {needed:.4g} members {outcome}"
+    p = float(pmf[: math.ceil(needed)].sum())
+    return f"P = {p:.3g} per round (fewer than {needed:.4g} members: the round {outcome})"
 
 
 def _fmt(value: Any) -> str:

@@ -97,6 +97,15 @@ class SecureSums:
         return [s / max(c, 1.0) for s, c in zip(self.sums, self.counts, strict=True)]
 
 
+@dataclass(frozen=True)
+class Aborted:
+    """A round whose secure aggregation released nothing (``privacy.shortfall: abort``): fewer
+    members than the clients' noise shares were sized for. The server step does not run."""
+
+    members: int
+    needed: float
+
+
 @dataclass
 class EvalReport:
     client_id: int

@@ -7,7 +7,8 @@ imports Ray, so the GPU machine runs the very same loop.
 
 One round: the algorithm plans it; the unavailable clients leave the plan
 (``training.client_dropout``); the clients run; their persistent state is kept here; the
-privacy mode admits the reports (the only view the server step gets); the server step runs; the
+privacy mode admits the reports (the only view the server step gets); the server step runs
+(unless the round's secure aggregation aborted, ``privacy.shortfall``); the
 ledger is charged from what was released and the budget checked; metrics against the truth are
 computed here, never by the algorithm.
 """
@@ -35,7 +36,7 @@ from raysim.metrics.evaluation import (
 )
 from raysim.modes.secure import secure_noise_rng
 from raysim.privacy.metric_ledger import MetricLedger
-from raysim.protocol import ClientTask, EvalReport, RoundPlan
+from raysim.protocol import Aborted, ClientTask, EvalReport, RoundPlan
 from raysim.sampling import dropout_rates, reporting
 from raysim.seeding import SERVER, numpy_rng
 
@@ -171,10 +172,13 @@ class RoundLoop:
         self._charge(r, algo.privacy.charges(r, reports))
         for rep, leak in algo.privacy.leakages(reports):
             self.metric_ledger.record(rep.client_id, r, leak.dim, leak.nu, rep.cluster)
-        result = algo.server_step(self.state, plan, view, numpy_rng(seed, r, SERVER, "server"))
-        self._charge(r, algo.privacy.server_charges(r))
-        self.state = result.state
-        row: dict[str, Any] = {"round": r, "participants": len(reports), **result.metrics}
+        row: dict[str, Any] = {"round": r, "participants": len(reports)}
+        if not isinstance(view, Aborted):  # an aborted secure sum: the server has no step to run
+            rng = numpy_rng(seed, r, SERVER, "server")
+            result = algo.server_step(self.state, plan, view, rng)
+            self._charge(r, algo.privacy.server_charges(r))
+            self.state = result.state
+            row.update(result.metrics)
         row.update(algo.privacy.round_metrics())
         if dropped is not None:
             row["dropped_out"] = dropped

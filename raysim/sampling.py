@@ -45,3 +45,26 @@ def reporting(client_ids: np.ndarray, rates: np.ndarray, rng: np.random.Generato
     draws = rng.random(len(rates))
     ids = np.asarray(client_ids, dtype=np.int64)
     return draws[ids] >= rates[ids]
+
+
+def report_count_pmf(rates: np.ndarray, rate: float, scheme: str) -> np.ndarray | None:
+    """The distribution of a round's number of reporting clients (index: the count), for
+    clients unavailable at ``rates`` (one per client of the population), closed form: Poisson
+    sampling makes each client report independently at q (1 - p_i), a sum of one binomial per
+    distinct rate; a fixed cohort of m with one rate p is Binomial(m, 1 - p). None where there is
+    no such closed form here (a fixed cohort with rates that differ by cluster)."""
+    from scipy.stats import binom  # not at import: the driver's start-up does not need it
+
+    rates = np.asarray(rates, dtype=np.float64)
+    n = len(rates)
+    if rate < 1.0 and scheme == "without_replacement":
+        if np.unique(rates).size > 1:
+            return None
+        m = cohort_size(n, rate)
+        return binom.pmf(np.arange(m + 1), m, 1.0 - rates[0])
+    q = min(rate, 1.0)
+    pmf = np.ones(1)
+    for p in np.unique(rates):
+        k = int(np.count_nonzero(rates == p))
+        pmf = np.convolve(pmf, binom.pmf(np.arange(k + 1), k, q * (1.0 - p)))
+    return pmf

@@ -8,13 +8,17 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
+from scipy.stats import binom
 
 from algorithms import ALGORITHMS, Environment
 from raysim.compare import collect, for_algorithm, run_inline, table
 from raysim.config import ConfigError, load_config
 from raysim.experiment import prepare, run_prepared
+from raysim.modes.secure import SecureSpec
 from raysim.privacy_report import privacy_report
-from raysim.sampling import dropout_rates, reporting
+from raysim.protocol import SecureContribution
+from raysim.sampling import dropout_rates, report_count_pmf, reporting, sample_cohort
 
 SETS = [
     "rounds=4",
@@ -177,10 +181,79 @@ def test_the_rounds_whose_shares_fell_short_are_counted():
     assert spec["share_cohort"] == pytest.approx(6.0)  # what the clients' side enforces
 
 
+ABORTING = [*DISTRIBUTED, "rounds=8", "training.eval_every=1", "privacy.dropout_tolerance=0.2"]
+
+
+def test_a_round_short_of_shares_aborts_and_releases_nothing():
+    """Shares sized for 9.6 of 12 members, 30% unavailable: under privacy.shortfall=abort a
+    round with 9 or fewer members releases nothing: the model stays as it was (the same test
+    loss), no secure sum is charged (eps stays), and the aggregator adds no noise ever."""
+    res = run_inline(_prep(*ABORTING, "privacy.shortfall=abort"), apart=False)
+    rows, charged = res["history"], _charged(res)
+    assert {r["aborted"] for r in rows} == {0.0, 1.0}  # this seed has both
+    assert all("noise_topped_up" not in r for r in rows)
+    for before, row in zip(rows, rows[1:], strict=False):
+        assert row["aborted"] == float(row["participants"] < 9.6)
+        if row["aborted"]:
+            assert row["loss"] == before["loss"] and row["epsilon"] == before["epsilon"]
+            assert row["round"] not in charged
+        else:
+            assert row["loss"] != before["loss"] and row["epsilon"] > before["epsilon"]
+    apart = run_inline(_prep(*ABORTING, "privacy.shortfall=abort"), apart=True)["history"]
+    assert [(r["aborted"], r["loss"]) for r in apart] == [(r["aborted"], r["loss"]) for r in rows]
+    topped = run_inline(_prep(*ABORTING), apart=False)["history"]  # the default: top_up
+    assert [r["noise_topped_up"] for r in topped] == [r["aborted"] for r in rows]
+
+
+def test_the_aggregator_refuses_to_sum_a_round_short_of_shares_under_abort():
+    """The clients' side enforces the spec: a server cannot have a short round summed."""
+    spec = _prep(*ABORTING, "privacy.shortfall=abort").privacy_summary["secure_spec"]
+    agg = SecureSpec(**spec).aggregator(1, 3)
+    shares = [SecureContribution(0, torch.zeros(3), torch.zeros(1, 4)) for _ in range(9)]  # 9 < 9.6
+    with pytest.raises(PermissionError, match="shortfall=abort"):
+        agg.aggregate(shares, np.random.default_rng(0))
+    assert agg.aggregate([*shares, shares[0]], np.random.default_rng(0)).counts[0] > 0
+
+
+@pytest.mark.parametrize(
+    ("rates", "rate", "scheme"),
+    [
+        ([0.0, 0.3, 0.8], 0.4, "poisson"),
+        ([0.5, 0.5, 0.5], 0.4, "without_replacement"),
+        ([0.0, 0.3, 0.8], 1.0, "without_replacement"),
+    ],
+)
+def test_the_report_count_closed_form_matches_the_draws(rates, rate, scheme):
+    """report_count_pmf against the engine's own draws (sample_cohort, then reporting)."""
+    truth = np.repeat([0, 1, 2], [10, 12, 8])
+    per_client = dropout_rates(rates, truth)
+    pmf = report_count_pmf(per_client, rate, scheme)
+    draws = 20_000
+    counts = np.zeros(len(truth) + 1)
+    for s in range(draws):
+        rng = np.random.default_rng(s)
+        cohort = sample_cohort(len(truth), rate, scheme, rng)
+        counts[np.count_nonzero(reporting(cohort, per_client, rng))] += 1
+    seen = counts[: len(pmf)] / draws
+    assert counts[len(pmf) :].sum() == 0
+    assert np.all(np.abs(seen - pmf) <= 5 * np.sqrt(pmf * (1 - pmf) / draws) + 1e-3)
+    if len(set(rates)) > 1:  # a fixed cohort over clusters of different rates: no closed form
+        assert report_count_pmf(per_client, 0.4, "without_replacement") is None
+
+
+def test_the_privacy_report_says_how_often_a_round_falls_short():
+    report = privacy_report(_prep(*ABORTING, "privacy.shortfall=abort"))
+    p = binom.cdf(9, 12, 0.7)  # 12 sampled, each available at 0.7, fewer than 9.6
+    assert report["rounds_short_of_shares"].startswith(f"P = {p:.3g} per round")
+    assert "aborts" in report["rounds_short_of_shares"]
+
+
 @pytest.mark.parametrize(
     ("sets", "words"),
     [
         (["privacy.dropout_tolerance=0.5"], "privacy.noise_source=clients"),
+        (["privacy.shortfall=abort"], "privacy.shortfall is about"),
+        ([*DISTRIBUTED, "privacy.shortfall=stop"], "top_up"),
         (
             [*DISTRIBUTED, "training.sampling_rate=0.1", "privacy.dropout_tolerance=0.5"],
             "at least 1",

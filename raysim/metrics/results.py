@@ -118,6 +118,8 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
     }
     if any("dropped_out" in r for r in history):  # training.client_dropout: how many, in all
         summary["dropped_out"] = sum(r.get("dropped_out", 0) for r in history)
+    if any("aborted" in r for r in history):  # privacy.shortfall: abort, rounds that released none
+        summary["aborted_rounds"] = int(sum(r.get("aborted", 0) for r in history))
     if results.get("startup_seconds"):  # a Ray run: when each start-up step was done
         summary["startup_seconds"] = results["startup_seconds"]
     privacy = summary["privacy"]

@@ -57,6 +57,7 @@ from raysim.privacy.distributed import (
 )
 from raysim.privacy.events import dp_event
 from raysim.protocol import (
+    Aborted,
     Charge,
     ClientReport,
     Message,
@@ -154,8 +155,9 @@ class Distributed(PrivacyMode):
 
     def secure_spec(self) -> SecureSpec:
         """The calibrated secure sum, as the clients' side enforces it."""
-        shares = self.share_cohort if self.privacy.noise_source == "clients" else None
-        return SecureSpec(self.privacy.clip, self.std, shares, self.plan.releases)
+        p = self.privacy
+        shares = self.share_cohort if p.noise_source == "clients" else None
+        return SecureSpec(p.clip, self.std, shares, self.plan.releases, p.shortfall)
 
     def summary(self) -> dict[str, Any]:
         p = self.privacy
@@ -246,7 +248,7 @@ class Distributed(PrivacyMode):
         reports: list[ClientReport],
         rng: np.random.Generator | None,
         secure: SecureSumsOf | None = None,
-    ) -> SecureSums | list[Message]:
+    ) -> SecureSums | list[Message] | Aborted:
         """SecureSums (with the round's released sketches beside them). A round planned without
         a secure sum (``plan.info["secure_sum"] = False``: PINA's sketch round, local training)
         releases none and is charged none: the server gets only the released sketches.
@@ -270,10 +272,17 @@ class Distributed(PrivacyMode):
             return sketches
         dim = int(plan.models[0].numel()) if plan.models else 0
         agg = self.secure_spec().aggregator(len(plan.models), dim, algorithm)
+        members = len(deposited) + len(contributions)
+        if agg.share_cohort is not None:  # fewer shares than sized for: top up, or abort
+            aborted = agg.aborts(members)
+            self._metrics = (
+                {"aborted": float(aborted)}
+                if agg.shortfall == "abort"
+                else {"noise_topped_up": float(agg.missing_share(members) > 0)}
+            )
+            if aborted:  # nothing is summed, released or charged (see ``charges``)
+                return Aborted(members, agg.share_cohort)
         self._released = True
-        if agg.share_cohort is not None:  # fewer shares than sized for: the aggregator adds noise
-            missing = agg.missing_share(len(deposited) + len(contributions))
-            self._metrics = {"noise_topped_up": float(missing > 0)}
         if deposited:
             if secure is None or contributions:
                 why = "handed to the clients' side, where this run sums none"
@@ -292,6 +301,10 @@ class Distributed(PrivacyMode):
 
     # -- accounting ----------------------------------------------------------------------------
     def charges(self, round: int, reports: list[ClientReport]) -> list[Charge]:
+        """The round's secure sum, if one was released. An aborted round's is not: it released
+        nothing, and whether it aborts depends on who reported, not on what: under zero-out
+        adjacency (a client's data replaced by none, the relation the sums are analysed under)
+        both neighbours have the same members, so the abort is equally likely in both."""
         released, self._released = self._released, False
         out = [self.secure_charge()] if released else []  # whatever the round's plan said
         return out + group_releases(client_releases(reports))

@@ -51,17 +51,21 @@ def client_noise_share(
 class SecureSpec:
     """What the clients agreed to before the run: the clip their inputs are checked against, the
     calibrated noise std of a sum (``share_cohort``: the cohort the clients' noise shares were
-    drawn for; None: the aggregator draws the whole noise) and how many sums may be released.
-    The clients' side holds its own copy, from the driver, so the server cannot make a sum less
-    noisy (a std of its choosing) or release more of them."""
+    drawn for; None: the aggregator draws the whole noise), what a round short of shares does
+    (``shortfall``: top_up or abort) and how many sums may be released. The clients' side holds
+    its own copy, from the driver, so the server cannot make a sum less noisy (a std of its
+    choosing) or release more of them."""
 
     clip: float
     std: float
     share_cohort: float | None
     releases: int
+    shortfall: str = "top_up"
 
     def aggregator(self, num_slots: int, dim: int, algorithm: str = "?") -> SecureAggregator:
-        return SecureAggregator(num_slots, dim, self.clip, self.std, algorithm, self.share_cohort)
+        return SecureAggregator(
+            num_slots, dim, self.clip, self.std, algorithm, self.share_cohort, self.shortfall
+        )
 
 
 class SecureAggregator:
@@ -79,12 +83,15 @@ class SecureAggregator:
         std: float,
         algorithm: str = "?",
         share_cohort: float | None = None,
+        shortfall: str = "top_up",
     ) -> None:
         """``share_cohort``: None, the aggregator draws the whole noise; m, the clients carry
-        shares of N(0, std^2 / m) and the aggregator adds what fewer than m shares lack."""
+        shares of N(0, std^2 / m) and, with fewer than m shares, the aggregator adds what they
+        lack (``shortfall`` top_up) or sums nothing (abort)."""
         self.num_slots, self.dim, self.clip, self.std = num_slots, dim, clip, std
         self.algorithm = algorithm
         self.share_cohort = share_cohort
+        self.shortfall = shortfall
 
     def missing_share(self, members: int) -> float:
         """The share of the calibrated noise variance that ``members`` contributions lack and
@@ -92,6 +99,11 @@ class SecureAggregator:
         if self.share_cohort is None:
             return 1.0
         return max(0.0, 1.0 - members / self.share_cohort)
+
+    def aborts(self, members: int) -> bool:
+        """Whether a round of ``members`` releases nothing: its shares fall short and no party
+        may add the rest (``privacy.shortfall: abort``)."""
+        return self.shortfall == "abort" and self.missing_share(members) > 0
 
     def check(self, c: SecureContribution) -> None:
         from raysim.modes.base import refuse
@@ -109,6 +121,12 @@ class SecureAggregator:
         """``rng``: the aggregator's own draws (the whole noise, or the shares' shortfall)."""
         for c in contributions:
             self.check(c)
+        if self.aborts(len(contributions)):
+            raise PermissionError(
+                f"{len(contributions)} members' noise shares fall short of the "
+                f"{self.share_cohort:.4g} they were sized for: under privacy.shortfall=abort "
+                "the round releases nothing"
+            )
         shares = sum(c.noise_share is not None for c in contributions)
         if shares != (len(contributions) if self.share_cohort is not None else 0):
             raise ValueError("noise shares must come with every contribution, or with none")
