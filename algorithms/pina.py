@@ -121,6 +121,12 @@ class PINA(FederatedAlgorithm):
 
     def __init__(self, env) -> None:
         super().__init__(env)
+        if self.cfg.privacy.clip_quantile is not None:
+            raise ConfigError(
+                "privacy.clip_quantile: adaptive clipping learns the clip from update norms, "
+                "and PINA's stage 1 sums sketches and centroid vectors under the same clip; use "
+                "it with fedavg or ifca, or give PINA a fixed privacy.clip"
+            )
         if self.cfg.rounds <= self.init_round():
             raise ConfigError(
                 f"rounds: PINA needs more than {self.init_round()} rounds (stage 1 and the "

@@ -260,9 +260,10 @@ class PrivacyConfig(_Section):
     clip: float = Field(3.0, gt=0)  # per-sample clip C (sample), update clip C_theta / S (client,
     # distributed)
     noise_multiplier: float | None = Field(None, ge=0)  # set to skip calibration
-    # client: adaptive clipping (Andrew et al. 2021): the clip (starting at privacy.clip) follows
-    # this quantile of the cohort's update norms, learnt from a noisy count of the updates under
-    # it, charged with the sums; clip_count_noise: that count's noise std (default cohort / 20)
+    # client, distributed: adaptive clipping (Andrew et al. 2021): the clip (starting at
+    # privacy.clip) follows this quantile of the cohort's update norms, learnt from a noisy count
+    # of the updates under it, charged with the sums (distributed: inside the secure sum);
+    # clip_count_noise (client mode): that count's noise std (default cohort / 20)
     clip_quantile: float | None = Field(None, gt=0, lt=1)
     clip_lr: float = Field(0.2, gt=0)  # eta_C of the geometric update
     clip_count_noise: float | None = Field(None, gt=0)
@@ -303,10 +304,15 @@ class PrivacyConfig(_Section):
         needs_budget = self.mode not in ("none", "dprivacy")
         if needs_budget and self.epsilon is None and self.noise_multiplier is None:
             raise ValueError("privacy.epsilon or privacy.noise_multiplier is required under DP")
-        if self.clip_quantile is not None and self.mode != "client":
+        if self.clip_quantile is not None and self.mode not in ("client", "distributed"):
             raise ValueError(
-                f"privacy.clip_quantile (adaptive clipping) is client-level DP's: set "
-                f"privacy.mode=client, or leave it out under mode {self.mode!r}"
+                f"privacy.clip_quantile (adaptive clipping) clips client updates: set "
+                f"privacy.mode=client or distributed, or leave it out under mode {self.mode!r}"
+            )
+        if self.clip_count_noise is not None and self.mode != "client":
+            raise ValueError(
+                "privacy.clip_count_noise is client mode's count noise: under distributed DP "
+                "the count is noised inside the secure sum; leave it out"
             )
         shares = (self.mode, self.noise_source) == ("distributed", "clients")
         for key, given in (

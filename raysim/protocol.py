@@ -30,6 +30,9 @@ class ClientTask:
     state: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
     weight: int = 1  # relative cost, for balancing shards (the client's train size)
+    # the round's update clip where it is learnt behind secure aggregation (adaptive clipping
+    # under privacy.mode distributed): stamped by the engine, never by the algorithm
+    clip: float | None = None
 
 
 @dataclass
@@ -41,6 +44,8 @@ class SecureContribution:
     slot: int
     vector: torch.Tensor
     noise_share: torch.Tensor | None = None
+    # adaptive clipping: whether the update's norm was at most the round's clip
+    under_clip: bool | None = None
 
 
 @dataclass
@@ -92,6 +97,8 @@ class SecureSums:
     # Values the clients released in the clear beside the secure sum, already privatized and
     # charged (PINA's local-DP sketches): one Message each, ``update`` holding the released value.
     released: list[Message] = field(default_factory=list)
+    # adaptive clipping: per slot, the noisy sum of the members' centred clip bits (+-1/2)
+    under_clip: list[float] | None = None
 
     def means(self) -> list[torch.Tensor]:
         return [s / max(c, 1.0) for s, c in zip(self.sums, self.counts, strict=True)]

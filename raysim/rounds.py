@@ -155,6 +155,7 @@ class RoundLoop:
         self._load_accountant_meanwhile()
         plan = algo.plan_round(self.state, r, numpy_rng(seed, r, SERVER, "plan"))
         plan.round = r
+        algo.privacy.stamp(plan)
         dropped = self._drop_out(plan)
         skipped = self._skip_over_cap(plan)
         reports = self._run("train", plan)

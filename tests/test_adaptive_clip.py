@@ -122,6 +122,24 @@ def test_the_server_clips_at_the_clip_it_learnt_and_moves_it():
         ),
         (
             [
+                "privacy.mode=distributed",
+                "privacy.clip_quantile=0.5",
+                "privacy.clip_count_noise=1",
+            ],
+            "privacy.clip_count_noise is client mode's",
+        ),
+        (
+            [
+                "privacy.mode=distributed",
+                "algorithm.name=pina",
+                "privacy.clip_quantile=0.5",
+                "privacy.population=1000000",
+                "privacy.delta=1e-7",
+            ],
+            "use it with fedavg or ifca",
+        ),
+        (
+            [
                 "privacy.mode=client",
                 "privacy.clip_quantile=0.5",
                 "algorithm.name=rr_cluster",
@@ -174,4 +192,84 @@ def test_a_run_learns_its_clip_spends_the_fixed_budget_and_resumes(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         _run(died, die_after=2)
     resumed = _run(died, resume=load_checkpoint(staging_dir(died)))
+    assert whole.equals(resumed)  # the learnt clip travels in the checkpoint
+
+
+# -- behind secure aggregation (privacy.mode distributed) -----------------------------------------
+
+DISTRIBUTED = {
+    "rounds": 5,
+    "model.name": "mlp",
+    "privacy.mode": "distributed",
+    "privacy.epsilon": 8,
+    "privacy.population": 1000000,
+    "privacy.delta": 1e-7,
+    "privacy.clip": 20,
+    "privacy.clip_quantile": 0.5,
+    "privacy.clip_lr": 0.5,
+}
+
+
+def test_a_secure_sum_carries_the_clip_bits_at_the_noise_the_closed_form_gives():
+    """Per slot, 2 members under the clip and 1 over: the centred bits sum to 1/2, noised at
+    std / (BIT_WEIGHT * clip) in members; the contribution's norm bound grows by the bit."""
+    from raysim.modes.secure import BIT_WEIGHT, COUNT_WEIGHT, SecureAggregator
+    from raysim.modes.secure import contribution_sensitivity as sens
+    from raysim.protocol import SecureContribution
+
+    slots, clip, std = 4000, 2.0, 0.3
+    agg = SecureAggregator(slots, 1, clip, std, adaptive=True)
+    ins = [
+        SecureContribution(s, torch.tensor([clip]), under_clip=under)
+        for s in range(slots)
+        for under in (True, True, False)
+    ]
+    bits = np.array(agg.aggregate(ins, np.random.default_rng(0)).under_clip)
+    bit_std = std / (BIT_WEIGHT * clip)
+    assert abs(bits.mean() - 0.5) < 5 * bit_std / math.sqrt(slots)
+    assert bits.std() == pytest.approx(bit_std, rel=0.05)
+    assert sens(clip, True) == pytest.approx(
+        math.hypot(clip, COUNT_WEIGHT * clip, BIT_WEIGHT * clip / 2)
+    )
+    assert sens(clip) == pytest.approx(math.hypot(clip, COUNT_WEIGHT * clip))
+    plain = SecureAggregator(1, 1, clip, std)
+    for aggregator, contribution in ((agg, SecureContribution(0, torch.zeros(1))), (plain, ins[0])):
+        with pytest.raises(TrustBoundaryError, match="clip bit"):
+            aggregator.aggregate([contribution], np.random.default_rng(0))
+
+
+def test_the_clients_side_takes_the_servers_clip_with_the_noise_scaled_to_it():
+    """The round's clip is the server's choice: the clients' side sums at it, but with its own
+    noise-to-clip ratio (a larger clip gets proportionally more noise, never less)."""
+    from raysim.modes.secure import SecureAggregator
+    from raysim.protocol import SecureContribution
+    from raysim.runtime.client_side import ClientSide
+
+    key, dim = b"k" * 16, 20_000
+    spec = {"clip": 1.0, "std": 0.5, "share_cohort": None, "releases": 1, "adaptive": True}
+    side = ClientSide(key, {}, (), True, 7, spec)
+    side.keep(key, 1, {}, {0: SecureContribution(0, torch.zeros(dim), under_clip=True)})
+    sums = side.secure_sums(1, [0], SecureAggregator(1, dim, clip=4.0, std=0.0))
+    assert float(sums.sums[0].double().std()) == pytest.approx(0.5 * 4.0, rel=0.03)
+
+
+def test_distributed_learns_its_clip_inside_the_secure_sum_at_the_fixed_budget(tmp_path):
+    """The clip moves by the paper's rule from the secure sum's own bits and count; the run
+    spends exactly what a fixed clip spends (one Gaussian, its sensitivity the stacked bound);
+    the noise std follows the clip; a resumed run gives the same bits."""
+    whole = inline_run(tmp_path / "whole", DISTRIBUTED)
+    clips, under = whole["clip"].to_numpy(), whole["unclipped_fraction"].to_numpy()
+    assert clips[0] == 20 and under[0] == pytest.approx(1.0, abs=0.01)  # 20: above every norm
+    np.testing.assert_allclose(clips[1:], clips[:-1] * np.exp(-0.5 * (under[:-1] - 0.5)))
+    assert clips[-1] < clips[0]
+    fixed = inline_run(tmp_path / "fixed", {**DISTRIBUTED, "privacy.clip_quantile": "null"})
+    np.testing.assert_allclose(whole["epsilon"], fixed["epsilon"], rtol=1e-9)
+    summary = json.loads((tmp_path / "whole" / "summary.json").read_text())["privacy"]
+    z, m = summary["noise_multiplier"], summary["secure_spec"]["std"]
+    cohort = 8  # small_config's clients, all sampled
+    assert m == pytest.approx(z * 20 * math.sqrt(1 + 0.1**2 + 0.1**2) * cohort / 10_000)
+    died = tmp_path / "died"
+    with pytest.raises(KeyboardInterrupt):
+        inline_run(died, DISTRIBUTED, die_after=2)
+    resumed = inline_run(died, DISTRIBUTED, resume=load_checkpoint(staging_dir(died)))
     assert whole.equals(resumed)  # the learnt clip travels in the checkpoint

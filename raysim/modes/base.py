@@ -72,6 +72,10 @@ class PrivacyMode:
         """Calibrated noise and the trust model, for `raysim privacy` and the run summary."""
         return {"trusted_server": self.trusted_server, "accounts_epsilon": self.accounts_epsilon}
 
+    def stamp(self, plan: RoundPlan) -> None:
+        """The engine's part of a round's tasks, set after the algorithm planned it (the round's
+        update clip under adaptive clipping behind secure aggregation)."""
+
     # -- client side ---------------------------------------------------------------------------
     def train_overrides(self, client: int) -> dict[str, Any]:
         """What the client's local training must do (DP-SGD noise, update clipping)."""

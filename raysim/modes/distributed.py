@@ -47,7 +47,14 @@ from raysim.modes.secure import (
     contribution_sensitivity,
 )
 from raysim.planning import refuse_over_budget
-from raysim.privacy import BudgetError, PrivacyConfigError, Released, clip_l2, private_sketch
+from raysim.privacy import (
+    BudgetError,
+    PrivacyConfigError,
+    Released,
+    clip_l2,
+    geometric_clip_update,
+    private_sketch,
+)
 from raysim.privacy.distributed import (
     SHARE_PURPOSE,
     NoiseCohort,
@@ -110,6 +117,9 @@ class Distributed(PrivacyMode):
             )
         self._released = False
         self._metrics: dict[str, float] = {}
+        # the clip of the round to come: privacy.clip, or under adaptive clipping where the
+        # last secure sum's clip bits moved it (server state, checkpointed with the algorithm)
+        self.clip = p.clip
         self._sketched: set[int] = set()  # the clients whose one local release is spent
 
     def _calibrate(self, needs) -> SecurePlan:
@@ -148,16 +158,29 @@ class Distributed(PrivacyMode):
         return self.cohort * (1.0 - self.privacy.dropout_tolerance)
 
     @property
+    def adaptive(self) -> bool:
+        """Adaptive clipping (``privacy.clip_quantile``), its bits inside the secure sum."""
+        return self.privacy.clip_quantile is not None
+
+    @property
     def std(self) -> float:
-        """Per-coordinate noise std on the real cohort's slot sums."""
-        sens = contribution_sensitivity(self.privacy.clip)
+        """Per-coordinate noise std on the real cohort's slot sums, at ``privacy.clip``."""
+        return self.std_at(self.privacy.clip)
+
+    def std_at(self, clip: float) -> float:
+        sens = contribution_sensitivity(clip, self.adaptive)
         return self.noise_cohort.noise_std(self.plan.noise, sens, max(self.cohort, 1.0))
 
     def secure_spec(self) -> SecureSpec:
         """The calibrated secure sum, as the clients' side enforces it."""
         p = self.privacy
         shares = self.share_cohort if p.noise_source == "clients" else None
-        return SecureSpec(p.clip, self.std, shares, self.plan.releases, p.shortfall)
+        return SecureSpec(p.clip, self.std, shares, self.plan.releases, p.shortfall, self.adaptive)
+
+    def stamp(self, plan: RoundPlan) -> None:
+        if self.adaptive:
+            for task in plan.tasks:
+                task.clip = self.clip
 
     def summary(self) -> dict[str, Any]:
         p = self.privacy
@@ -169,20 +192,25 @@ class Distributed(PrivacyMode):
             "population": self.population,
             "noise_std": self.std,
             "caveat": cohort_caveat(p.noise_cohort_size, self.cohort),
+            **({"clip_quantile": p.clip_quantile, "clip_lr": p.clip_lr} if self.adaptive else {}),
         }
 
     # -- client side ---------------------------------------------------------------------------
     def release_update(
         self, report: ClientReport, task: Any, result: Any, ctx: Any, slot: int | None = None
     ) -> None:
-        vector = torch.from_numpy(clip_l2(result.update.double().numpy(), self.privacy.clip))
+        clip = task.clip if self.adaptive and task.clip is not None else self.privacy.clip
+        update = result.update.double().numpy()
+        vector = torch.from_numpy(clip_l2(update, clip))
         slot = int(task.cluster or 0) if slot is None else int(slot)
         share = None
         if self.privacy.noise_source == "clients":
             rng = ctx.rng(SHARE_PURPOSE)
             shape = (len(ctx.models), vector.numel())
-            share = client_noise_share(*shape, self.std, self.share_cohort, rng)
-        report.contribution = SecureContribution(slot, vector.float(), share)
+            std = self.std_at(clip)
+            share = client_noise_share(*shape, std, self.share_cohort, rng, self.adaptive)
+        under = bool(np.linalg.norm(update) <= clip) if self.adaptive else None  # NaN: above
+        report.contribution = SecureContribution(slot, vector.float(), share, under)
         report.update = report.cluster = None  # nothing else leaves the client
         report.num_samples = 0  # nor its dataset's size (a client's data replaced by none)
 
@@ -271,15 +299,15 @@ class Distributed(PrivacyMode):
                 refuse(algorithm, "contribution", "this round has no secure aggregation")
             return sketches
         dim = int(plan.models[0].numel()) if plan.models else 0
-        agg = self.secure_spec().aggregator(len(plan.models), dim, algorithm)
+        agg = self.secure_spec().aggregator(len(plan.models), dim, algorithm, self.clip)
         members = len(deposited) + len(contributions)
+        self._metrics = {"clip": agg.clip} if self.adaptive else {}
         if agg.share_cohort is not None:  # fewer shares than sized for: top up, or abort
             aborted = agg.aborts(members)
-            self._metrics = (
-                {"aborted": float(aborted)}
-                if agg.shortfall == "abort"
-                else {"noise_topped_up": float(agg.missing_share(members) > 0)}
-            )
+            if agg.shortfall == "abort":
+                self._metrics["aborted"] = float(aborted)
+            else:
+                self._metrics["noise_topped_up"] = float(agg.missing_share(members) > 0)
             if aborted:  # nothing is summed, released or charged (see ``charges``)
                 return Aborted(members, agg.share_cohort)
         self._released = True
@@ -292,8 +320,21 @@ class Distributed(PrivacyMode):
             if rng is None:
                 raise ValueError("secure sums in this process need the secure noise's generator")
             sums = agg.aggregate(contributions, rng)
+        if self.adaptive:
+            self._learn_clip(sums)
         sums.released = sketches
         return sums
+
+    def _learn_clip(self, sums: SecureSums) -> None:
+        """Adaptive clipping (Andrew et al. 2021) from the released sum alone (post-processing):
+        the share of members under the clip is the noisy sum of their centred bits over the
+        noisy member count (the count, not the planned cohort, so dropouts do not bias it), and
+        the clip moves geometrically toward ``privacy.clip_quantile`` for the next round."""
+        members = max(sum(sums.counts), 1.0)
+        unclipped = 0.5 + sum(sums.under_clip or []) / members
+        self._metrics["unclipped_fraction"] = unclipped
+        p = self.privacy
+        self.clip = geometric_clip_update(self.clip, unclipped, p.clip_quantile, p.clip_lr)
 
     def round_metrics(self) -> dict[str, float]:
         out, self._metrics = self._metrics, {}

@@ -166,7 +166,8 @@ class ClientSide:
         in-process aggregator adds them); the inputs are dropped once summed. Of the server's
         ``aggregator`` only the shape is taken (slots, dimension): the clip and the noise are
         this side's own (``SecureSpec``), and a round is summed over one member set, within the
-        planned number of sums, so the server can neither lower the noise nor difference two
+        planned number of sums, so the server can neither lower the noise (under adaptive
+        clipping the server's clip is taken, the noise scaled to it) nor difference two
         sums (the noise of a round is drawn from the same stream each time: two member sets
         would give the inputs of the clients in one and not the other). A round run again after
         a restart is summed again over the same members, which gives the same bits."""
@@ -191,7 +192,9 @@ class ClientSide:
         if missing:
             raise RuntimeError(f"round {round}: no secure input from clients {missing[:10]}")
         rng = secure_noise_rng(self._seed, round)
-        agg = spec.aggregator(aggregator.num_slots, aggregator.dim, aggregator.algorithm)
+        agg = spec.aggregator(
+            aggregator.num_slots, aggregator.dim, aggregator.algorithm, aggregator.clip
+        )
         sums = agg.aggregate([deposits[c] for c in over], rng)
         self._summed[round] = over
         return sums
