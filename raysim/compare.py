@@ -201,6 +201,7 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
         row["rounds_seconds"] = s.get("rounds_seconds")
         row["reports_per_round"] = s.get("reports_per_round")
         row["dropped_out"] = s.get("dropped_out")
+        row["aborted_rounds"] = s.get("aborted_rounds")
         row["stretches"] = s.get("stretches")
         row["client_seed"] = _client_seed_of(run_dir)
         runs.setdefault(run_dir.parent.name, []).append(row)
@@ -252,7 +253,10 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
     names = [a for a in (order or runs) if a in runs]
     # where clients were unavailable (training.client_dropout): the reports a round got
     dropout = any(r.get("dropped_out") is not None for a in names for r in runs[a])
+    # where a secure aggregation could abort (privacy.shortfall: abort): how many rounds did
+    aborts = any(r.get("aborted_rounds") is not None for a in names for r in runs[a])
     head = ["algorithm", "seeds", "rounds"] + (["reports/round"] if dropout else [])
+    head += ["aborted rounds"] if aborts else []
     head += [c for c, _ in ACCURACY_COLUMNS]
     head += ["ARI=1 after r1", "ARI=1 at end", "eps spent", "M", "MSS", "E_c", "min/run"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -266,6 +270,8 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
         cells = [label, str(len(rs)), ",".join(sorted({str(r["rounds"]) for r in rs}))]
         if dropout:
             cells.append(_mean_std([r.get("reports_per_round") for r in rs], scale=1.0))
+        if aborts:
+            cells.append(_mean_std([r.get("aborted_rounds") for r in rs], scale=1.0))
         cells += [_mean_std([r.get(key) for r in rs]) for _, key in ACCURACY_COLUMNS]
         for key in ("ari_round1", "ari"):
             vals = [r.get(key) for r in rs if r.get(key) is not None]

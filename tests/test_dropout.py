@@ -205,6 +205,16 @@ def test_a_round_short_of_shares_aborts_and_releases_nothing():
     assert [r["noise_topped_up"] for r in topped] == [r["aborted"] for r in rows]
 
 
+def test_the_summary_and_the_compare_table_count_the_aborted_rounds(tmp_path):
+    out = tmp_path / "fedavg" / "seed0"
+    run_prepared(_prep(*ABORTING, "privacy.shortfall=abort"), out, session=run_inline)
+    summary = json.loads((out / "summary.json").read_text())
+    rows = pd.read_parquet(out / "metrics.parquet")
+    assert summary["aborted_rounds"] == rows["aborted"].sum() > 0
+    assert summary["epsilon"] < summary["epsilon_budget"]  # the aborted rounds spent nothing
+    assert "| aborted rounds |" in table(collect(tmp_path))
+
+
 def test_the_aggregator_refuses_to_sum_a_round_short_of_shares_under_abort():
     """The clients' side enforces the spec: a server cannot have a short round summed."""
     spec = _prep(*ABORTING, "privacy.shortfall=abort").privacy_summary["secure_spec"]
