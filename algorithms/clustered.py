@@ -203,11 +203,12 @@ class ClusteredAlgorithm(FederatedAlgorithm):
 
     def updated_assignments(
         self, state: ClusterState, reports: list[Message] | SecureSums
-    ) -> np.ndarray:
-        """Last round's assignment, overwritten by the clusters the reporting clients trained
-        (unchanged under secure aggregation, where the server never learns them)."""
+    ) -> np.ndarray | None:
+        """Last round's assignment, overwritten by the clusters the reporting clients trained.
+        Under secure aggregation the server never learns them: it has none (None), not an
+        assignment of everyone to one cluster, which would be scored (ARI 0) and planned by."""
         if isinstance(reports, SecureSums):
-            reports = []
+            return state.assigned
         assigned = (
             np.full(self.env.num_clients, self.unassigned, dtype=np.int64)
             if state.assigned is None

@@ -22,6 +22,7 @@ from algorithms.clustered import (
     SelectionParams,
     random_models,
 )
+from raysim.config import ConfigError
 from raysim.protocol import Message, RoundPlan, ServerResult
 
 
@@ -33,6 +34,16 @@ class IFCA(ClusteredAlgorithm):
     name = "ifca"
     Params = IFCAParams
     privacy_modes = ("none", "sample", "distributed", "dprivacy")
+
+    def __init__(self, env) -> None:
+        super().__init__(env)
+        if self.privacy.secure_aggregation and self.params.selection_fraction < 1:
+            raise ConfigError(
+                f"algorithm.selection_fraction={self.params.selection_fraction}: under "
+                f"privacy.mode {self.cfg.privacy.mode} the server never learns the clients' "
+                "choices, so it cannot hold them after the selection window; the clients "
+                "choose every round: leave it at 1"
+            )
 
     def reserved_selections(self) -> int:
         return min(self.cfg.rounds, self.selection_window())

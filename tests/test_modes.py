@@ -18,7 +18,7 @@ from conftest import RAY_TIMEOUT_S, small_config
 from algorithms import Environment, get_algorithm
 from algorithms.fedavg import FedAvg
 from raysim.compare import for_algorithm, inline_loop, run_inline
-from raysim.config import PRIVACY_MODES, load_config
+from raysim.config import PRIVACY_MODES, ConfigError, load_config
 from raysim.experiment import prepare, run_prepared
 from raysim.metrics.results import write_results
 from raysim.modes import MODES, TrustBoundaryError
@@ -405,3 +405,22 @@ def test_inline_and_ray_write_identical_results(ray_session, tmp_path, algorithm
     assert _files(tmp_path / "ray") == _files(tmp_path / "inline")
     (stretch,) = json.loads((tmp_path / "ray" / "summary.json").read_text())["stretches"]
     assert stretch["from_round"] == 1
+
+
+IFCA_SECURE = ("algorithm.name=ifca", "privacy.mode=distributed", "privacy.noise_cohort_size=6")
+
+
+def test_under_secure_aggregation_ifca_claims_no_assignment_it_cannot_know():
+    """The server never learns the clients' choices: it reports no ARI or cluster sizes (an
+    all-zero 'assignment' scored ARI 0), and the clients choose in every round."""
+    loop = inline_loop(prep_for(*IFCA_SECURE, "rounds=3"))
+    rows = [loop.step() for _ in range(3)]
+    assert loop.algorithm.assignments(loop.state) is None
+    for row in rows:
+        assert not {"ari", "clustered_correctly", "clusters_nonempty"} & set(row), row
+
+
+def test_ifca_behind_secure_aggregation_refuses_a_selection_window():
+    """After a window the server would plan each client on the cluster it 'knows' (none)."""
+    with pytest.raises(ConfigError, match="algorithm.selection_fraction=0.5: under"):
+        prep_for(*IFCA_SECURE, "algorithm.selection_fraction=0.5")
