@@ -345,6 +345,11 @@ class TrainingConfig(_Section):
     # reports (raysim.sampling.reporting); a list: one per true cluster, in the data's cluster
     # order, so that one cluster's devices can be less available than another's
     client_dropout: float | list[float] = 0.0
+    # the lag-1 correlation of a client's unavailability from round to round (0: independent
+    # rounds): at rho a client that was unavailable stays so with p + rho (1 - p) and an
+    # available one drops with p (1 - rho), so its long-run rate stays p and an unavailable
+    # stretch lasts 1 / ((1 - p)(1 - rho)) rounds on average (raysim.sampling.unavailable)
+    dropout_correlation: float = Field(0.0, ge=0, lt=1)
     eval_every: int = Field(1, gt=0)
     # stop when the clients' mean test loss has not improved for this many evaluations
     early_stop_patience: int | None = Field(None, gt=0)
@@ -359,6 +364,16 @@ class TrainingConfig(_Section):
                 f"got {v!r}"
             )
         return v
+
+    @model_validator(mode="after")
+    def _correlation_needs_dropout(self) -> TrainingConfig:
+        rates = self.client_dropout
+        if self.dropout_correlation and not any(rates if isinstance(rates, list) else [rates]):
+            raise ValueError(
+                "training.dropout_correlation correlates unavailability across rounds: give "
+                "training.client_dropout a rate above 0, or leave it out"
+            )
+        return self
 
 
 class RuntimeConfig(_Section):

@@ -37,7 +37,7 @@ from raysim.metrics.evaluation import (
 from raysim.modes.secure import secure_noise_rng
 from raysim.privacy.metric_ledger import MetricLedger
 from raysim.protocol import Aborted, ClientTask, EvalReport, RoundPlan
-from raysim.sampling import dropout_rates, reporting
+from raysim.sampling import dropout_rates, unavailable
 from raysim.seeding import SERVER, numpy_rng
 
 # The ledger's accountant, loaded in the background while round 1 trains (once a process)
@@ -90,7 +90,10 @@ CHECKPOINT_FIELDS = (
     "stale_evals",
     "algorithm",
     "rounds_reported",
+    "unavailable",
 )
+# fields a checkpoint made before they existed lacks: they keep their initial value
+LATER_FIELDS = ("rounds_reported", "unavailable")
 
 
 class RoundLoop:
@@ -110,6 +113,7 @@ class RoundLoop:
         self.true_clusters = np.asarray(true_clusters)
         rates = cfg.training.client_dropout
         self.dropout = dropout_rates(rates, self.true_clusters) if np.any(rates) else None
+        self.unavailable: np.ndarray | None = None  # last round's, per client of the population
         self.round = 0
         self.state = algorithm.init_state(numpy_rng(cfg.seed, 0, SERVER, "init"))
         self.client_states: dict[int, Any] = {}
@@ -236,16 +240,19 @@ class RoundLoop:
     def _drop_out(self, plan: RoundPlan) -> int | None:
         """``training.client_dropout``: the sampled clients unavailable this round leave the plan
         before anything runs (they neither train nor report, and nothing is charged to them);
-        how many, or None where no client ever drops. A plan that waits for all loses none."""
+        how many, or None where no client ever drops. A plan that waits for all loses none.
+        Availability is drawn for the whole population every round, sampled or not, so that it
+        can carry over from round to round (``training.dropout_correlation``)."""
         if self.dropout is None:
             return None
+        rng = numpy_rng(self.cfg.seed, self.round, SERVER, "dropout")
+        rho = self.cfg.training.dropout_correlation
+        self.unavailable = unavailable(self.dropout, rng, self.unavailable, rho)  # every round
         if plan.waits_for_all or not plan.tasks:
             return 0
-        ids = np.array([t.client_id for t in plan.tasks], dtype=np.int64)
-        rng = numpy_rng(self.cfg.seed, self.round, SERVER, "dropout")
-        available = reporting(ids, self.dropout, rng)
-        plan.tasks = [t for t, up in zip(plan.tasks, available, strict=True) if up]
-        return int(np.count_nonzero(~available))
+        keep = [t for t in plan.tasks if not self.unavailable[t.client_id]]
+        dropped, plan.tasks = len(plan.tasks) - len(keep), keep
+        return dropped
 
     def _skip_over_cap(self, plan: RoundPlan) -> int:
         """Under a leakage cap, a client whose next release would cross it sits the round out."""
@@ -269,7 +276,7 @@ class RoundLoop:
         """Continue from a snapshot; returns the last completed round and the history so far."""
         saved = pickle.loads(blob)
         for k in CHECKPOINT_FIELDS:
-            if k in saved or k != "rounds_reported":  # a checkpoint from before it was counted
+            if k in saved or k not in LATER_FIELDS:
                 setattr(self, k, saved[k])
         return self.round, list(self.history)
 

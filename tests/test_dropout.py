@@ -18,7 +18,13 @@ from raysim.experiment import prepare, run_prepared
 from raysim.modes.secure import SecureSpec
 from raysim.privacy_report import privacy_report
 from raysim.protocol import SecureContribution
-from raysim.sampling import dropout_rates, report_count_pmf, reporting, sample_cohort
+from raysim.sampling import (
+    dropout_rates,
+    report_count_pmf,
+    reporting,
+    sample_cohort,
+    unavailable,
+)
 
 SETS = [
     "rounds=4",
@@ -66,6 +72,58 @@ def test_each_client_is_unavailable_at_its_rate_whoever_else_was_sampled():
         reporting(ids, rates, np.random.default_rng(7))[some],
     )
     assert np.array_equal(dropout_rates(0.25, truth), np.full(len(truth), 0.25))
+
+
+@pytest.mark.parametrize(("p", "rho"), [(0.3, 0.6), (0.1, 0.9)])
+def test_correlated_unavailability_keeps_its_rate_and_has_the_closed_form_stretches(p, rho):
+    """The chain's long-run rate is p in every round, its lag-1 correlation rho, and an
+    unavailable stretch lasts 1 / ((1 - p)(1 - rho)) rounds on average."""
+    n, rounds = 20_000, 60
+    rates = np.full(n, p)
+    state, path = None, []
+    for r in range(rounds):
+        state = unavailable(rates, np.random.default_rng(r), state, rho)
+        path.append(state)
+    off = np.array(path)
+    assert np.abs(off.mean(axis=1) - p).max() < 5 * np.sqrt(p * (1 - p) / n)
+    a, b = off[:-1].ravel().astype(float), off[1:].ravel().astype(float)
+    assert np.corrcoef(a, b)[0, 1] == pytest.approx(rho, abs=0.01)
+    starts = off[1:] & ~off[:-1]  # stretches that begin after round 0 ...
+    ends = ~off[1:] & off[:-1]  # ... and those that end before the last round
+    assert off[1:-1].sum() / starts[:-1].sum() == pytest.approx(1 / ((1 - p) * (1 - rho)), rel=0.05)
+    assert abs(int(starts.sum()) - int(ends.sum())) < 0.05 * starts.sum()
+
+
+def test_uncorrelated_unavailability_is_the_independent_draw_bit_for_bit():
+    rates = dropout_rates([0.0, 0.3, 0.8], np.repeat([0, 1, 2], 50))
+    ids = np.arange(0, 150, 7)
+    before = unavailable(rates, np.random.default_rng(1))
+    again = unavailable(rates, np.random.default_rng(2), before, 0.0)
+    assert np.array_equal(~again[ids], reporting(ids, rates, np.random.default_rng(2)))
+
+
+def test_a_run_with_sticky_unavailability_resumes_to_the_same_bits(tmp_path):
+    """Last round's unavailability is state: it travels in the checkpoint."""
+    from conftest import inline_run
+
+    from raysim.rundir import staging_dir
+    from raysim.runtime.checkpoint import load_checkpoint
+
+    sets = {
+        "rounds": 6,
+        "model.name": "linear",
+        "training.sampling_rate": 0.5,
+        "training.client_dropout": 0.4,
+        "training.dropout_correlation": 0.9,
+    }
+    whole = inline_run(tmp_path / "whole", sets)
+    died = tmp_path / "died"
+    with pytest.raises(KeyboardInterrupt):
+        inline_run(died, sets, die_after=3)
+    assert whole.equals(inline_run(died, sets, resume=load_checkpoint(staging_dir(died))))
+    sticky = whole["dropped_out"].to_numpy()
+    free = inline_run(tmp_path / "free", {**sets, "training.dropout_correlation": 0})
+    assert not np.array_equal(sticky, free["dropped_out"].to_numpy())
 
 
 def test_a_run_with_dropout_thins_the_cohorts_of_the_run_without():
@@ -263,6 +321,8 @@ def test_the_privacy_report_says_how_often_a_round_falls_short():
     [
         (["privacy.dropout_tolerance=0.5"], "privacy.noise_source=clients"),
         (["privacy.shortfall=abort"], "privacy.shortfall is about"),
+        (["training.dropout_correlation=0.5"], "give training.client_dropout a rate"),
+        (["training.client_dropout=0.2", "training.dropout_correlation=1"], "must be < 1.0"),
         ([*DISTRIBUTED, "privacy.shortfall=stop"], "top_up"),
         (
             [*DISTRIBUTED, "training.sampling_rate=0.1", "privacy.dropout_tolerance=0.5"],
@@ -270,7 +330,7 @@ def test_the_privacy_report_says_how_often_a_round_falls_short():
         ),
     ],
 )
-def test_a_tolerance_that_cannot_apply_is_refused(sets, words):
+def test_a_setting_that_cannot_apply_is_refused(sets, words):
     with pytest.raises(ConfigError) as err:
         _prep(*sets)
     assert words in str(err.value)
