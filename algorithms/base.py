@@ -342,4 +342,4 @@ def broadcast_model(task: ClientTask) -> int | None:
 
 def _report(task: ClientTask, res: Any) -> EvalReport:
     acc = float("nan") if res.accuracy is None else res.accuracy
-    return EvalReport(task.client_id, res.loss, acc, res.n, task.cluster)
+    return EvalReport(task.client_id, res.loss, acc, res.n)

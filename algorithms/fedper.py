@@ -72,4 +72,4 @@ class FedPer(FedAvg):
         x, y = ctx.test_data()
         res = ctx.trainer.evaluate(weights, x, y)
         acc = float("nan") if res.accuracy is None else res.accuracy
-        return EvalReport(task.client_id, res.loss, acc, res.n, 0)
+        return EvalReport(task.client_id, res.loss, acc, res.n)

@@ -378,7 +378,7 @@ class PINA(FederatedAlgorithm):
         x, y = ctx.test_data()
         res = ctx.trainer.evaluate(ctx.models[slot], x, y)
         acc = float("nan") if res.accuracy is None else res.accuracy
-        return EvalReport(task.client_id, res.loss, acc, res.n, slot)
+        return EvalReport(task.client_id, res.loss, acc, res.n)
 
     def choices(self, state: PinaState) -> np.ndarray | None:
         """The server's k-means labels (kmeans init; -1: client did not sketch)."""

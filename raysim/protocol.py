@@ -115,11 +115,14 @@ class Aborted:
 
 @dataclass
 class EvalReport:
+    """A client's score on its test data, for the engine's metrics against the truth. It names
+    no model choice: under secure aggregation the choice stays hidden in the client's slot, and
+    the evaluation must not carry it to the server's process."""
+
     client_id: int
     loss: float
     accuracy: float
     num_samples: int
-    cluster: int | None = None
 
 
 @dataclass
