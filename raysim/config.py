@@ -342,7 +342,7 @@ class TrainingConfig(_Section):
     sampling_rate: float = Field(1.0, gt=0, le=1)  # client participation rate q
     sampling: Literal["poisson", "without_replacement"] = "poisson"
     # the probability that a sampled client is unavailable in a round: it neither trains nor
-    # reports (raysim.sampling.reporting); a list: one per true cluster, in the data's cluster
+    # reports (raysim.sampling.unavailable); a list: one per true cluster, in the data's cluster
     # order, so that one cluster's devices can be less available than another's
     client_dropout: float | list[float] = 0.0
     # the lag-1 correlation of a client's unavailability from round to round (0: independent

@@ -49,7 +49,7 @@ def privacy_report(prep: Any, schedule: bool = True) -> dict[str, Any]:
             ledger.charge(r, charge.clients, charge.mechanism, charge.event, charge.params)
         for n, client in groups.items():
             per_round[f"train_size={n}"].append(ledger.epsilon(client))
-    if np.any(cfg.training.client_dropout):  # raysim.sampling.reporting: why this is sound
+    if np.any(cfg.training.client_dropout):  # raysim.sampling.unavailable: why this is sound
         out["client_dropout"] = (
             f"{cfg.training.client_dropout}: accounted as if every sampled client reported "
             "(unavailable clients only spend less)"

@@ -39,33 +39,24 @@ def unavailable(
     before: np.ndarray | None = None,
     correlation: float = 0.0,
 ) -> np.ndarray:
-    """Which clients of the population are unavailable this round: a two-state Markov chain per
-    client, one uniform draw each. ``before``: last round's (None: the first round, drawn at
-    the long-run rate). At ``correlation`` rho an unavailable client stays so with p + rho (1 - p)
-    and an available one drops with p (1 - rho): the chain's stationary rate is p and its lag-1
-    correlation rho; rho = 0 is ``reporting``'s independent rounds, bit for bit.
+    """Which clients of the population are unavailable this round (``training.client_dropout``):
+    one uniform draw per client of the population, whoever was sampled, so a client's fate does
+    not depend on who else was, and a run with dropout thins the very cohorts of the run without
+    it. Rounds follow a two-state Markov chain per client: ``before`` is last round's (None: the
+    first round, drawn at the long-run rate); at ``correlation`` rho an unavailable client stays
+    so with p + rho (1 - p) and an available one drops with p (1 - rho), so the stationary rate
+    is p and the lag-1 correlation rho (0: independent rounds, each client away with p).
 
-    Privacy: the chain ignores the data, so whatever path of availability it takes, each round
-    is a thinning of the planned sample (``reporting``); the accounting, which holds for every
-    such path, holds for the mixture over them."""
+    Privacy: the chain ignores the data, so whatever path it takes each round is a thinning of
+    the planned sample, and the accounting of the sampling as planned stays valid and is
+    conservative (a Poisson client reports at rate q (1 - p) <= q; a subset of a fixed-size
+    cohort still differs in one client at most). It holds for every path, so for the mixture."""
     p = np.asarray(rates, dtype=np.float64)
     draws = rng.random(len(p))
     if before is None or correlation == 0:
         return draws < p
     stay, enter = p + correlation * (1.0 - p), p * (1.0 - correlation)
     return draws < np.where(before, stay, enter)
-
-
-def reporting(client_ids: np.ndarray, rates: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Which of a round's sampled clients report (True) and which are unavailable. One uniform
-    draw per client of the population, whoever was sampled: a client's availability does not
-    depend on who else was sampled, and a run with dropout thins the very cohorts of the run
-    without it (its cohort draws are unchanged).
-
-    Privacy: dropping is a data-independent thinning of the sample, so the accounting of the
-    sampling as planned stays valid and is conservative (a Poisson client reports at rate
-    q (1 - p) <= q; a subset of a fixed-size cohort still differs in one client at most)."""
-    return ~unavailable(rates, rng)[np.asarray(client_ids, dtype=np.int64)]
 
 
 def report_count_pmf(rates: np.ndarray, rate: float, scheme: str) -> np.ndarray | None:

@@ -21,7 +21,6 @@ from raysim.protocol import SecureContribution
 from raysim.sampling import (
     dropout_rates,
     report_count_pmf,
-    reporting,
     sample_cohort,
     unavailable,
 )
@@ -59,18 +58,12 @@ def test_each_client_is_unavailable_at_its_rate_whoever_else_was_sampled():
     truth = np.repeat([0, 1, 2], 400)
     rates = dropout_rates([0.0, 0.3, 0.8], truth)
     ids = np.arange(len(truth))
-    up = np.array([reporting(ids, rates, np.random.default_rng(s)) for s in range(200)])
+    up = np.array([~unavailable(rates, np.random.default_rng(s))[ids] for s in range(200)])
     assert up[:, truth == 0].all()  # rate 0: never unavailable
     for cluster, p in ((1, 0.3), (2, 0.8)):
         n = up[:, truth == cluster].size
         sigma = np.sqrt(p * (1 - p) / n)
         assert abs((~up[:, truth == cluster]).mean() - p) < 5 * sigma
-    # one draw per client of the population: a client's fate does not depend on the cohort
-    some = np.array([5, 500, 1100])
-    assert np.array_equal(
-        reporting(some, rates, np.random.default_rng(7)),
-        reporting(ids, rates, np.random.default_rng(7))[some],
-    )
     assert np.array_equal(dropout_rates(0.25, truth), np.full(len(truth), 0.25))
 
 
@@ -99,7 +92,8 @@ def test_uncorrelated_unavailability_is_the_independent_draw_bit_for_bit():
     ids = np.arange(0, 150, 7)
     before = unavailable(rates, np.random.default_rng(1))
     again = unavailable(rates, np.random.default_rng(2), before, 0.0)
-    assert np.array_equal(~again[ids], reporting(ids, rates, np.random.default_rng(2)))
+    independent = np.random.default_rng(2).random(len(rates)) < rates  # each client away with p
+    assert np.array_equal(again[ids], independent[ids])
 
 
 def test_a_run_with_sticky_unavailability_resumes_to_the_same_bits(tmp_path):
@@ -292,7 +286,7 @@ def test_the_aggregator_refuses_to_sum_a_round_short_of_shares_under_abort():
     ],
 )
 def test_the_report_count_closed_form_matches_the_draws(rates, rate, scheme):
-    """report_count_pmf against the engine's own draws (sample_cohort, then reporting)."""
+    """report_count_pmf against the engine's own draws (sample_cohort, then unavailable)."""
     truth = np.repeat([0, 1, 2], [10, 12, 8])
     per_client = dropout_rates(rates, truth)
     pmf = report_count_pmf(per_client, rate, scheme)
@@ -301,7 +295,7 @@ def test_the_report_count_closed_form_matches_the_draws(rates, rate, scheme):
     for s in range(draws):
         rng = np.random.default_rng(s)
         cohort = sample_cohort(len(truth), rate, scheme, rng)
-        counts[np.count_nonzero(reporting(cohort, per_client, rng))] += 1
+        counts[np.count_nonzero(~unavailable(per_client, rng)[cohort])] += 1
     seen = counts[: len(pmf)] / draws
     assert counts[len(pmf) :].sum() == 0
     assert np.all(np.abs(seen - pmf) <= 5 * np.sqrt(pmf * (1 - pmf) / draws) + 1e-3)
