@@ -57,6 +57,7 @@ def inline_loop(prep: Any, device: str | None = None, apart: bool = False) -> An
     ``loop.clients`` is to be closed)."""
     import torch
 
+    from raysim.metrics.evaluation import Judge
     from raysim.models import model_spec
     from raysim.rounds import RoundLoop, group_size, task_groups
     from raysim.runtime.client_side import ClientsProcess
@@ -72,7 +73,8 @@ def inline_loop(prep: Any, device: str | None = None, apart: bool = False) -> An
     clients = None
     if apart:
         secure = prep.privacy_summary.get("secure_spec")
-        clients = ClientsProcess(args, rt.checkpoint_every > 0, prep.client_seed, secure)
+        judge = Judge(np.asarray(prep.truth), cfg.training.early_stop_patience)
+        clients = ClientsProcess(args, rt.checkpoint_every > 0, prep.client_seed, secure, judge)
     worker = clients or ClientWorker(*args)
     size = group_size(rt.client_group_size, gpus)  # the same groups as on Ray
 
@@ -83,8 +85,8 @@ def inline_loop(prep: Any, device: str | None = None, apart: bool = False) -> An
     loop = RoundLoop(cfg, prep.algorithm, prep.truth, execute, None if apart else prep.client_seed)
     loop.device = str(worker.device)
     loop.clients = clients
-    if clients is not None:
-        loop.secure_sums = clients.secure_sums
+    if clients is not None:  # the secure sums and the evaluations' metrics from their side
+        loop.secure_sums, loop.judge = clients.secure_sums, None
     return loop
 
 
@@ -113,7 +115,7 @@ def run_inline(
         split_checkpoint,
         write_partial_metrics,
     )
-    from raysim.runtime.client_side import read_snapshot
+    from raysim.runtime.client_side import add_judged, read_snapshot
 
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
@@ -132,12 +134,14 @@ def run_inline(
             loop_blob, clients_blob, _ = split_checkpoint(resume)
             done = loop.restore(loop_blob)[0]
             if loop.clients is not None:
-                loop.clients.restore(clients_blob, done)
+                add_judged(loop.history, loop.clients.restore(clients_blob, done))
             elif clients_blob is not None:
                 loop.client_states.update(read_snapshot(clients_blob).states)
         while done < cfg.rounds:
             row = loop.step()
             done += 1
+            if loop.clients is not None and cfg.evaluated_after(done):  # judged apart
+                row.update(loop.clients.judge(done))
             last = done == cfg.rounds or bool(row.get("early_stopped"))
             if out_dir is not None:
                 if checkpoint_due(cfg.runtime.checkpoint_every, done, last):
@@ -151,13 +155,17 @@ def run_inline(
                 on_round(row)
             if last:
                 break
+        evaluations = loop.clients.evaluations() if loop.clients is not None else None
     finally:
         torch.set_num_threads(threads)
         if loop is not None and loop.clients is not None:
             loop.clients.close()
     on_gpu = loop.device.startswith("cuda")
+    results = loop.results()
+    if evaluations is not None:
+        results["eval"] = evaluations
     return {
-        **loop.results(),
+        **results,
         "workers_replaced": 0,
         "workers": [{"inline": True, "device": loop.device, "clients_apart": apart}],
         "gpus_per_worker": 1.0 if on_gpu else 0.0,

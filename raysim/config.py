@@ -441,6 +441,11 @@ class ExperimentConfig(_Section):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
+    def evaluated_after(self, round: int) -> bool:
+        """Whether the clients are evaluated after ``round``: every ``training.eval_every``
+        rounds, and after the last."""
+        return round % self.training.eval_every == 0 or round == self.rounds
+
     @model_validator(mode="after")
     def _distributed_defaults(self) -> ExperimentConfig:
         p = self.privacy

@@ -29,10 +29,10 @@ import torch
 from raysim import privacy as privacy_lib
 from raysim.config import ExperimentConfig
 from raysim.metrics.evaluation import (
+    Judge,
     clustering_accuracy,
     clustering_metrics,
     grouping_metrics,
-    round_metrics,
 )
 from raysim.modes.secure import secure_noise_rng
 from raysim.privacy.metric_ledger import MetricLedger
@@ -85,15 +85,13 @@ CHECKPOINT_FIELDS = (
     "ledger",
     "metric_ledger",
     "history",
-    "last_eval",
-    "best_loss",
-    "stale_evals",
+    "judge",
     "algorithm",
     "rounds_reported",
     "unavailable",
 )
 # fields a checkpoint made before they existed lacks: they keep their initial value
-LATER_FIELDS = ("rounds_reported", "unavailable")
+LATER_FIELDS = ("rounds_reported", "unavailable", "judge")
 
 
 class RoundLoop:
@@ -130,8 +128,9 @@ class RoundLoop:
         self.metric_ledger = MetricLedger(cap=p.leakage_cap if p.mode == "dprivacy" else None)
         self.history: list[dict[str, Any]] = []
         self.rounds_reported = np.zeros(self.num_clients, dtype=np.int64)  # per client
-        self.last_eval: list[EvalReport] = []
-        self.best_loss, self.stale_evals = float("inf"), 0
+        # None where the clients keep their evaluations apart from the server (their side
+        # judges them, runtime.client_side): the driver adds the metrics to the rows
+        self.judge: Judge | None = Judge(self.true_clusters, cfg.training.early_stop_patience)
 
     @property
     def num_clients(self) -> int:
@@ -198,11 +197,10 @@ class RoundLoop:
         # Every round, not only where the clients are evaluated: the assignment is the server's
         # and costs no evaluation (R-DPCFL's "ARI = 1 after round 1" with eval_every > 1).
         row.update(clustering_metrics(self.true_clusters, algo.assignments(self.state)))
-        if r % self.cfg.training.eval_every == 0 or r == self.cfg.rounds:
-            self.last_eval = self.evaluate()
-            row.update(round_metrics(self.last_eval, self.true_clusters))
-            if self._no_improvement(row["loss"]):
-                row["early_stopped"] = True
+        if self.cfg.evaluated_after(r):
+            reports = self.evaluate()
+            if self.judge is not None:
+                row.update(self.judge(reports))
         accounted = algo.privacy.accounts_epsilon  # else missing: never 0, which would say "DP"
         row["epsilon"] = self.ledger.summary()["max_epsilon"] if accounted else float("nan")
         row["round_seconds"] = time.perf_counter() - start
@@ -227,15 +225,6 @@ class RoundLoop:
             threading.Thread(
                 target=importlib.import_module, args=(ACCOUNTING,), daemon=True
             ).start()
-
-    def _no_improvement(self, loss: float) -> bool:
-        """``training.early_stop_patience`` evaluations without a lower mean test loss."""
-        patience = self.cfg.training.early_stop_patience
-        if loss < self.best_loss:
-            self.best_loss, self.stale_evals = loss, 0
-        else:
-            self.stale_evals += 1
-        return patience is not None and self.stale_evals >= patience
 
     def _drop_out(self, plan: RoundPlan) -> int | None:
         """``training.client_dropout``: the sampled clients unavailable this round leave the plan
@@ -264,6 +253,7 @@ class RoundLoop:
         return skipped
 
     def evaluate(self) -> list[EvalReport]:
+        """The clients' scores; none where they keep them apart (``judge`` is None)."""
         return self._run("evaluate", self.algorithm.plan_evaluation(self.state))
 
     def snapshot(self) -> bytes:
@@ -275,15 +265,21 @@ class RoundLoop:
     def restore(self, blob: bytes) -> tuple[int, list[dict[str, Any]]]:
         """Continue from a snapshot; returns the last completed round and the history so far."""
         saved = pickle.loads(blob)
+        judge = self.judge
         for k in CHECKPOINT_FIELDS:
             if k in saved or k not in LATER_FIELDS:
                 setattr(self, k, saved[k])
+        if "judge" not in saved and judge is not None:  # before the judge had a name
+            judge.last, judge.best_loss = saved["last_eval"], saved["best_loss"]
+            judge.stale = saved["stale_evals"]
+        if judge is None:  # judged apart: a checkpoint's judge is not this server's to hold
+            self.judge = None
         return self.round, list(self.history)
 
     def results(self) -> dict[str, Any]:
         return {
             "history": self.history,
-            "eval": self.last_eval,
+            "eval": [] if self.judge is None else self.judge.last,
             "assignments": self.algorithm.assignments(self.state),
             "ledger_rows": self.ledger.rows(),
             "client_epsilon": [self.ledger.epsilon(c) for c in range(self.num_clients)],

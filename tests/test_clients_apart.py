@@ -27,7 +27,9 @@ from algorithms.pina import PINA
 from raysim.compare import for_algorithm, inline_loop, run_inline
 from raysim.config import load_config
 from raysim.experiment import prepare, run_prepared
-from raysim.protocol import ClientReport, SecureContribution, SecureSums
+from raysim.metrics.evaluation import Judge
+from raysim.protocol import ClientReport, EvalReport, SecureContribution, SecureSums
+from raysim.runtime.client_side import read_snapshot
 
 CLIENT_SEED = 98765432109876543210  # the clients' own: never in the server's process
 
@@ -49,7 +51,7 @@ TINY_PINA = [
     "privacy.noise_cohort_size=6",
     f"privacy.client_seed={CLIENT_SEED}",  # the same clients' draws in every run compared
     "training.sampling_rate=0.75",
-    "training.eval_every=5",
+    "training.eval_every=2",
     "runtime.progress=false",
     f"runtime.round_timeout_s={RAY_TIMEOUT_S}",
 ]
@@ -60,9 +62,9 @@ TINY_PINA = [
 _BEFORE: dict[int, list] = {}
 
 
-def _client_material(objects: list) -> tuple[list, list]:
-    """Secure inputs, and reports that carry one, a client state or a training loss, among
-    ``objects``."""
+def _client_material(objects: list) -> tuple[list, list, list]:
+    """Secure inputs, reports that carry one, a client state or a training loss, and scores
+    of an evaluation, among ``objects``."""
     with warnings.catch_warnings():  # isinstance on some of torch's module objects warns
         warnings.simplefilter("ignore")
         inputs = [o for o in objects if isinstance(o, SecureContribution)]
@@ -72,24 +74,31 @@ def _client_material(objects: list) -> tuple[list, list]:
             if isinstance(o, ClientReport)
             and (o.state is not None or o.contribution is not None or not math.isnan(o.loss))
         ]
-    return inputs, reports
+        scores = [o for o in objects if isinstance(o, EvalReport)]
+    return inputs, reports, scores
 
 
 def what_this_process_holds(probe) -> dict[str, float]:
-    """Clients' secure inputs and states of ``probe``'s run anywhere in this process's heap."""
+    """Clients' secure inputs, states and scores of ``probe``'s run anywhere in this process's
+    heap."""
     from raysim.rounds import RoundLoop
 
     gc.collect()
     objects = gc.get_objects()
     before = {id(o) for o in _BEFORE.get(id(probe), [])}
-    inputs, reports = (
+    inputs, reports, scores = (
         [o for o in found if id(o) not in before] for found in _client_material(objects)
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loops = [o for o in objects if isinstance(o, RoundLoop) and o.algorithm is probe]
     kept = sum(len(loop.client_states) for loop in loops)
-    return {"probe_inputs": len(inputs), "probe_report_states": len(reports), "probe_kept": kept}
+    return {
+        "probe_inputs": len(inputs),
+        "probe_report_states": len(reports),
+        "probe_kept": kept,
+        "probe_scores": len(scores),
+    }
 
 
 def places_holding(value: int, objects: list) -> int:
@@ -153,6 +162,9 @@ class ProbingPINA(PINA):
         return result
 
 
+PROBED = ("probe_inputs", "probe_report_states", "probe_kept", "probe_plan_states", "probe_scores")
+
+
 def _prep(*sets: str, algorithm: type = ProbingPINA):
     """A probe run writes no checkpoint: a checkpoint pickles the algorithm by reference, and
     Ray's workers cannot import this module (its classes travel by value)."""
@@ -183,6 +195,8 @@ def test_the_server_step_never_gets_a_client_state_in_one_process():
     rows = [loop.step() for _ in range(3)]
     assert loop.client_states  # PINA keeps each client's base update and slot
     assert all(row["probe_plan_states"] == 0 for row in rows), rows
+    # the probe finds what is there: round 2's scores, judged in this process (12 clients)
+    assert [row["probe_scores"] for row in rows] == [0, 0, 12]
 
 
 def test_without_ray_the_clients_run_in_a_child_process():
@@ -191,7 +205,7 @@ def test_without_ray_the_clients_run_in_a_child_process():
     res = run_inline(_prep())
     assert res["workers"][0]["clients_apart"] is True
     for row in res["history"]:
-        for col in ("probe_inputs", "probe_report_states", "probe_kept", "probe_plan_states"):
+        for col in PROBED:
             assert row[col] == 0, (col, row)
     assert [row.get("probe_regenerated") for row in res["history"]] == [None, 0, 0, 0, 0]
 
@@ -235,13 +249,10 @@ def test_every_algorithm_runs_with_its_clients_apart_as_in_one_process(name, mod
     rows = []
     for apart in (False, True):
         cfg = for_algorithm(load_config(None, sets), quiet=True)
-        loop = inline_loop(prepare(cfg, ALGORITHMS[name], Environment), apart=apart)
-        try:
-            rows.append([loop.step() for _ in range(cfg.rounds)])
-        finally:
-            if loop.clients is not None:
-                loop.clients.close()
-    assert loop.clients is not None and rows[1][-1]["participants"] > 0  # the last run apart
+        res = run_inline(prepare(cfg, ALGORITHMS[name], Environment), apart=apart)
+        assert res["workers"][0]["clients_apart"] is apart
+        rows.append(res["history"])
+    assert rows[1][-1]["participants"] > 0 and "accuracy" in rows[1][-1]
 
     def comparable(row: dict) -> dict:  # nan (metric DP's eps) is not equal to itself
         return {k: "nan" if v != v else v for k, v in row.items() if k != "round_seconds"}
@@ -265,13 +276,33 @@ def on_ray(ray_session, tmp_path_factory):
 
 def test_on_ray_the_servers_process_holds_no_client_input_or_state(on_ray):
     df = _metrics(on_ray / "two")
-    for col in ("probe_inputs", "probe_report_states", "probe_kept", "probe_plan_states"):
+    for col in PROBED:
         assert (df[col] == 0).all(), (col, df[col].tolist())
     # nor the clients' seed, and the run's seed does not regenerate the secure sums' noise
     assert (df["probe_client_seed"] == 0).all(), df["probe_client_seed"].tolist()
     regenerated = df["probe_regenerated"].dropna()
     assert len(regenerated) == 4 and not regenerated.any()
-    assert df["accuracy"].notna().iloc[-1]
+    # the scores were judged on the clients' side, and the driver has the metrics
+    assert df["accuracy"].notna().tolist() == [False, True, False, True, True]
+
+
+def test_the_experimenter_stops_early_on_scores_the_server_never_holds(ray_session, tmp_path):
+    """``training.early_stop_patience`` under an untrusted server: the clients' side judges
+    the scores, and the run stops where the loss series says, the first evaluation whose mean
+    test loss is no lower than the best before it, on Ray as in one process."""
+    every = "training.eval_every=1"
+    loss = [r["loss"] for r in run_inline(_prep(every, algorithm=PINA), apart=False)["history"]]
+    stop = next(k for k in range(2, len(loss) + 1) if loss[k - 1] >= min(loss[: k - 1]))
+    assert stop < 5  # the series has a stop to find
+    sets = (every, "training.early_stop_patience=1")
+    for rows in (
+        run_inline(_prep(*sets, algorithm=PINA))["history"],
+        run_prepared(_prep(*sets, algorithm=PINA), tmp_path / "ray")["history"],
+    ):
+        assert [r["round"] for r in rows] == list(range(1, stop + 1))
+        assert rows[-1]["early_stopped"] is True
+        assert [r["loss"] for r in rows] == loss[:stop]
+    assert _metrics(tmp_path / "ray")["loss"].tolist() == loss[:stop]
 
 
 def test_the_clients_side_computes_the_same_bits_as_one_process(on_ray, tmp_path):
@@ -598,9 +629,15 @@ def test_a_checkpoint_of_the_servers_clients_continues_with_them_apart():
     from raysim.runtime.checkpoint import clients_seed_of, kept_apart, split_checkpoint
 
     snap = dict.fromkeys(CHECKPOINT_FIELDS) | {"round": 3, "client_states": {0: "s0", 2: "s2"}}
+    snap["judge"] = Judge(np.zeros(3), patience=2, best_loss=0.5, stale=1)
     blob = kept_apart(pickle.dumps(snap), run_seed=5)
     loop_blob, clients_blob, seed = split_checkpoint(blob)
-    assert pickle.loads(loop_blob) == snap | {"client_states": {}}
-    assert pickle.loads(clients_blob) == {0: "s0", 2: "s2"}
+    loop = pickle.loads(loop_blob)
+    assert "judge" not in loop and loop == {k: v for k, v in snap.items() if k != "judge"} | {
+        "client_states": {}
+    }
+    clients = read_snapshot(clients_blob)
+    assert clients.states == {0: "s0", 2: "s2"}
+    assert (clients.judge.best_loss, clients.judge.stale) == (0.5, 1)
     assert seed == 5 == clients_seed_of(blob, 5)
     assert kept_apart(blob, run_seed=9) is blob  # already apart: as it is

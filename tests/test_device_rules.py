@@ -221,7 +221,7 @@ def test_what_the_clients_trained_is_kept_with_a_snapshot():
     side.keep(KEY, 1, {0: "s1"}, {})
     side.admit(KEY, "train", 2, {0: b"a"})  # after the snapshot's round: not in it
     blob = side.snapshot(KEY, 1)
-    states, served, _ = read_snapshot(blob)
+    states, served = read_snapshot(blob)[:2]
     assert states == {0: "s1"} and list(served["train"][0]) == [1]
     fresh = ClientSide(KEY, {}, (), True, 7)  # a resumed run's
     fresh.restore(KEY, blob, 1)
@@ -229,7 +229,7 @@ def test_what_the_clients_trained_is_kept_with_a_snapshot():
         fresh.admit(KEY, "train", 1, {0: b"b"})
     assert fresh.admit(KEY, "train", 2, {0: b"b"})[0] == {0: "s1"}
     legacy = pickle.dumps({0: "s0"})  # a snapshot written before the clients kept what they trained
-    assert read_snapshot(legacy) == ({0: "s0"}, {}, {})
+    assert read_snapshot(legacy) == ({0: "s0"}, {}, {}, None, {})
     fresh.restore(KEY, legacy, 1)
     assert fresh.admit(KEY, "evaluate", 1, {0: b""})[0] == {0: "s0"}
 

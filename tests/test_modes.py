@@ -419,8 +419,8 @@ def test_under_secure_aggregation_ifca_claims_no_assignment_it_cannot_know():
     for row in rows:
         assert not {"ari", "clustered_correctly", "clusters_nonempty"} & set(row), row
     # nor does the evaluation carry the clients' hidden choices back to the server's process
-    assert loop.last_eval and all(
-        set(vars(ev)) == {"client_id", "loss", "accuracy", "num_samples"} for ev in loop.last_eval
+    assert loop.judge.last and all(
+        set(vars(ev)) == {"client_id", "loss", "accuracy", "num_samples"} for ev in loop.judge.last
     )
 
 

@@ -15,7 +15,9 @@ Definitions (used in result files, `raysim report` and the comparison tables):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -117,3 +119,30 @@ def round_metrics(reports: Sequence[EvalReport], true_clusters: np.ndarray) -> d
         out["accuracy_minority"] = float(np.mean(acc[truth == minority]))
         out["accuracy_majority"] = float(np.mean(acc[truth != minority]))
     return out
+
+
+@dataclass
+class Judge:
+    """The experimenter's reading of an evaluation: its metrics against the truth, and
+    ``training.early_stop_patience``'s count of evaluations without a lower mean test loss.
+    Where the server is trusted it is the round loop's; where it is not, the clients' side's
+    (``runtime.client_side``): no client's score then reaches the server's process, and the
+    stop is the experimenter's, not the server's."""
+
+    truth: np.ndarray
+    patience: int | None
+    best_loss: float = math.inf
+    stale: int = 0
+    last: list[EvalReport] = field(default_factory=list)  # the latest evaluation's reports
+
+    def __call__(self, reports: Sequence[EvalReport]) -> dict[str, Any]:
+        """The evaluation's metrics row (``early_stopped`` where the patience has run out)."""
+        self.last = sorted(reports, key=lambda r: r.client_id)
+        row = round_metrics(self.last, np.asarray(self.truth))
+        if row["loss"] < self.best_loss:
+            self.best_loss, self.stale = row["loss"], 0
+        else:
+            self.stale += 1
+        if self.patience is not None and self.stale >= self.patience:
+            row["early_stopped"] = True
+        return row

@@ -170,12 +170,12 @@ def _tensor(dtype: str, shape: tuple[int, ...], data: bytes) -> None:
 
 def check_round(kind: str, round: int, cfg: Any) -> None:
     """Train in the run's rounds 1..R; evaluate in those the run evaluates in."""
-    rounds, every = cfg.rounds, cfg.training.eval_every
+    rounds = cfg.rounds
     if type(round) is not int or not 1 <= round <= rounds:
         why = f"the run has rounds 1..{rounds}; its clients take part in no other"
         raise ReleaseRefused(f"round {round!r}: {why}")
-    if kind == "evaluate" and round % every and round != rounds:
-        why = f"the run evaluates every {every} rounds and after round {rounds}"
+    if kind == "evaluate" and not cfg.evaluated_after(round):
+        why = f"the run evaluates every {cfg.training.eval_every} rounds and after round {rounds}"
         raise ReleaseRefused(f"round {round}: no evaluation: {why}")
 
 

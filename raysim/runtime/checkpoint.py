@@ -41,13 +41,14 @@ def split_checkpoint(blob: bytes | None) -> tuple[bytes | None, bytes | None, in
 def kept_apart(blob: bytes, run_seed: int) -> bytes:
     """``blob`` as a run whose clients are kept apart continues it. A plain checkpoint (its
     clients' states in the round loop's, as a trusted server keeps them; ``sample`` runs before
-    that mode kept its clients apart) gets the states moved to the clients' part, and the run's
-    seed, which its clients drew from."""
+    that mode kept its clients apart) gets the states and the judge of their evaluations moved
+    to the clients' part, and the run's seed, which its clients drew from."""
     if blob.startswith((CLIENTS_APART, CLIENTS_APART_V1)):
         return blob
     snap = pickle.loads(blob)
     states, snap["client_states"] = snap["client_states"], {}
-    clients = pickle.dumps(states, protocol=pickle.HIGHEST_PROTOCOL) if states else None
+    clients = {"states": states, "served": {}, "summed": {}, "judge": snap.pop("judge", None)}
+    clients = pickle.dumps(clients, protocol=pickle.HIGHEST_PROTOCOL)
     return join_checkpoint(pickle.dumps(snap, protocol=pickle.HIGHEST_PROTOCOL), clients, run_seed)
 
 

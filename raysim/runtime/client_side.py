@@ -4,22 +4,27 @@ Under a mode whose server is untrusted (``sample``, ``distributed``, ``dprivacy`
 actor is the server. What a round produces that is the clients' alone: their persistent state (a
 personal model, PINA's base update and hidden slot), their secure-aggregation inputs (each a clipped
 vector without noise), and under ``sample`` the training itself (the raw gradients before DP-SGD's
-noise: the coordinator trains no clients). ``ClientSide`` is one actor that keeps the first two,
-standing for the clients' devices and the secure-aggregation protocol they submit to:
+noise: the coordinator trains no clients), and their scores in an evaluation (each client's test
+loss and accuracy). ``ClientSide`` is one actor that keeps the states, the inputs and the scores,
+standing for the clients' devices, the secure-aggregation protocol they submit to, and the
+experimenter who reads their scores:
 
 * the workers have a piece's clients admitted to the request and get their states before
   running it, and hand back the new states and the contributions after (``admit``, ``keep``),
   presenting the run's client key; ``admit`` is the devices' memory of what they trained and
   were evaluated on, which keeps a server from having a round run twice on other inputs
-  (``modes.device``);
+  (``modes.device``); after an evaluation they hand back the scores (``keep_evaluations``),
+  and reply to the server with none;
 * the server may only ask for the noisy per-slot sums of the members it names
   (``secure_sums``: their noise drawn here, from the clients' seed), and for a new worker in
   place of a lost one (``new_worker``: the worker is built here, with the key and the clients'
   seed, so neither passes through the server);
-* the driver (the experimenter, not the server) saves and restores the states with each
-  checkpoint (``snapshot``, ``restore``), with the key. This side outlives a lost server,
-  as devices would, with its memory of what the clients released; the driver then has it end
-  the workers it started for that server (``end_workers``).
+* the driver (the experimenter, not the server) has each evaluation judged here, against the
+  truth (``judge``: the round's metrics, and the early stop, for its rows; ``evaluations``:
+  the latest scores, for the per-client results), and saves and restores the states and the
+  judge with each checkpoint (``snapshot``, ``restore``), with the key. This side outlives a
+  lost server, as devices would, with its memory of what the clients released; the driver
+  then has it end the workers it started for that server (``end_workers``).
 
 The key (``client_key``) is drawn from the OS, not from the run's seed: it decides no result
 (it only gates who may read), and a key the server could derive from the seed would gate
@@ -43,7 +48,8 @@ import pickle
 import secrets
 from typing import Any, NamedTuple
 
-from raysim.protocol import SecureContribution, SecureSums
+from raysim.metrics.evaluation import Judge
+from raysim.protocol import EvalReport, SecureContribution, SecureSums
 
 
 def client_key() -> bytes:
@@ -59,12 +65,14 @@ class ClientSide:
         snapshots: bool,
         client_seed: int,
         secure: dict[str, Any] | None = None,
+        judge: Judge | None = None,
     ) -> None:
         """``snapshots``: the driver will ask for snapshots (checkpoints are on); without them
         only each client's newest state is kept. ``client_seed``: the clients' seed (the secure
         sums' noise is drawn from it). ``secure``: the calibrated secure sum (the fields of
         ``modes.secure.SecureSpec``, from the run's privacy summary; None: the run releases
-        none), given by the driver."""
+        none), given by the driver. ``judge``: the experimenter's reading of the clients'
+        evaluations (with the truth), given by the driver."""
         self._key = key
         self._seed = client_seed
         self._secure = secure
@@ -81,6 +89,9 @@ class ClientSide:
         self._deposits: dict[int, dict[int, SecureContribution]] = {}  # round -> client -> input
         # kind -> client -> round -> what decided its output: the devices' memory (modes.device)
         self._served: dict[str, dict[int, dict[int, bytes]]] = {}
+        self._judge = judge
+        self._evaluations: dict[int, dict[int, EvalReport]] = {}  # round -> client -> score
+        self._judged: dict[int, dict[str, Any]] = {}  # round -> its metrics, as judged
 
     def _check(self, key: bytes) -> None:
         if not hmac.compare_digest(key, self._key):
@@ -154,6 +165,12 @@ class ClientSide:
         if contributions:
             self._deposits.setdefault(round, {}).update(contributions)
 
+    def keep_evaluations(self, key: bytes, round: int, reports: list[EvalReport]) -> None:
+        """A piece's scores after ``round``: the experimenter's, never the server's (a piece
+        run again hands back the same ones)."""
+        self._check(key)
+        self._evaluations.setdefault(round, {}).update({r.client_id: r for r in reports})
+
     def _since_snapshot(self, versions: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
         """The versions a restore may still need: those after the last snapshot, and the newest
         one at or before it."""
@@ -221,6 +238,23 @@ class ClientSide:
         self._started = []
 
     # -- the driver ------------------------------------------------------------------------------
+    def judge(self, key: bytes, round: int) -> dict[str, Any]:
+        """The metrics of the evaluation after ``round`` (``Judge``), once all its pieces ran:
+        the driver adds them to the round's row."""
+        self._check(key)
+        if self._judge is None:
+            raise PermissionError("this clients' side was given no judge")
+        scores = self._evaluations.pop(round, {})
+        for r in [r for r in self._evaluations if r < round]:  # a failed attempt's leftovers
+            del self._evaluations[r]
+        self._judged[round] = self._judge(list(scores.values()))
+        return self._judged[round]
+
+    def evaluations(self, key: bytes) -> list[EvalReport]:
+        """The latest evaluation's scores, for the per-client results (``clients.parquet``)."""
+        self._check(key)
+        return [] if self._judge is None else self._judge.last
+
     def snapshot(self, key: bytes, round: int) -> bytes:
         """The clients' states as they were after ``round``, and what they released up to it
         (what they trained and were evaluated on, the rounds summed and over whom)."""
@@ -237,14 +271,19 @@ class ClientSide:
             for kind, memory in self._served.items()
         }
         summed = {r: m for r, m in self._summed.items() if r <= round}
+        judged = {r: row for r, row in self._judged.items() if r <= round}
         snap = {"states": out, "served": served, "summed": summed}
+        snap |= {"judge": self._judge, "judged": judged}  # the driver judged up to ``round``
         return pickle.dumps(snap, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def restore(self, key: bytes, blob: bytes | None, round: int) -> None:
+    def restore(self, key: bytes, blob: bytes | None, round: int) -> dict[int, dict[str, Any]]:
         """Back to the states of a snapshot after ``round`` (None: a run from round 1). What the
         clients released is not forgotten, the snapshot's nor this side's own: the rounds after
         it run again from the same requests, and are summed over the same members (a snapshot
-        written before the clients kept it holds the states alone)."""
+        written before the clients kept it holds the states alone). The judge goes back to the
+        snapshot's too (a snapshot written before the clients judged: to none, and the rows
+        already hold their metrics); returns the metrics judged up to ``round``, by round, for
+        the driver's rows."""
         self._check(key)
         snap = read_snapshot(blob) if blob is not None else Snapshot({}, {}, {})
         for kind, memory in snap.served.items():
@@ -255,24 +294,46 @@ class ClientSide:
         self._states = {c: [(round, s)] for c, s in snap.states.items()}
         self._snapshot_round = round
         self._deposits.clear()
+        if self._judge is not None:
+            fresh = Judge(self._judge.truth, self._judge.patience)
+            self._judge = snap.judge or fresh
+        self._evaluations.clear()
+        self._judged = dict(snap.judged)
+        return dict(snap.judged)
 
 
 class Snapshot(NamedTuple):
     """A ``ClientSide.snapshot``: the clients' states; what decided each client's output, per
-    kind, client and round; the members of each round summed."""
+    kind, client and round; the members of each round summed; the judge and what it judged,
+    by round."""
 
     states: dict[int, Any]
     served: dict[str, dict[int, dict[int, bytes]]]
     summed: dict[int, tuple[int, ...]]
+    judge: Judge | None = None
+    judged: dict[int, dict[str, Any]] = {}
 
 
 def read_snapshot(blob: bytes) -> Snapshot:
     """One written before the clients kept what they released holds the states alone (and one
-    before they kept the sums, no sums)."""
+    before they kept the sums, no sums; before they judged, no judge)."""
     snap = pickle.loads(blob)
     if "states" in snap:
-        return Snapshot(snap["states"], snap["served"], snap.get("summed", {}))
+        return Snapshot(
+            snap["states"],
+            snap["served"],
+            snap.get("summed", {}),
+            snap.get("judge"),
+            snap.get("judged", {}),
+        )
     return Snapshot(snap, {}, {})
+
+
+def add_judged(rows: list[dict[str, Any]], judged: dict[int, dict[str, Any]]) -> None:
+    """The metrics judged on the clients' side into the round loop's rows (restored from a
+    checkpoint, whose server never held them), by round."""
+    for row in rows:
+        row.update(judged.get(row["round"], {}))
 
 
 class OnRay:
@@ -296,6 +357,11 @@ class OnRay:
 
         ray.get(self.actor.keep.remote(key, round, states, contributions))
 
+    def keep_evaluations(self, key: bytes, round: int, reports: list) -> None:
+        import ray
+
+        ray.get(self.actor.keep_evaluations.remote(key, round, reports))
+
 
 # ------------------------------------------------------------------ one run without Ray
 
@@ -303,9 +369,10 @@ class OnRay:
 class ClientsProcess:
     """The clients' side of a run without Ray (``raysim compare --inline``, the GPU box): a
     child process holds the data, the worker and a ``ClientSide``; this process, the server's,
-    sends it the round's tasks and gets the reports (without states or contributions), the
-    secure sums and the clients' snapshots. Spawned, not forked: a fork would copy this
-    process's heap, and a forked torch is unsafe with OpenMP threads running."""
+    sends it the round's tasks and gets the reports (without states, contributions or scores),
+    the secure sums, the judged evaluations and the clients' snapshots. Spawned, not forked: a
+    fork would copy this process's heap, and a forked torch is unsafe with OpenMP threads
+    running."""
 
     def __init__(
         self,
@@ -313,13 +380,14 @@ class ClientsProcess:
         snapshots: bool,
         client_seed: int,
         secure: dict[str, Any] | None = None,
+        judge: Judge | None = None,
     ) -> None:
         import multiprocessing
 
         self.key = client_key()
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        args = (child, self.key, worker_args, snapshots, client_seed, secure)
+        args = (child, self.key, worker_args, snapshots, client_seed, secure, judge)
         self._process = ctx.Process(target=_serve_clients, args=args, daemon=True)
         self._process.start()
         child.close()
@@ -341,8 +409,14 @@ class ClientsProcess:
     def snapshot(self, round: int) -> bytes:
         return self._call("snapshot", round)
 
-    def restore(self, blob: bytes | None, round: int) -> None:
-        self._call("restore", blob, round)
+    def restore(self, blob: bytes | None, round: int) -> dict[int, dict[str, Any]]:
+        return self._call("restore", blob, round)
+
+    def judge(self, round: int) -> dict[str, Any]:
+        return self._call("judge", round)
+
+    def evaluations(self) -> list[EvalReport]:
+        return self._call("evaluations")
 
     def close(self) -> None:
         if self._process.is_alive():
@@ -358,6 +432,7 @@ def _serve_clients(
     snapshots: bool,
     client_seed: int,
     secure: dict[str, Any] | None,
+    judge: Judge | None,
 ) -> None:
     import signal
 
@@ -367,7 +442,7 @@ def _serve_clients(
     # interrupted) and closes this one, which must not print a traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    side = ClientSide(key, {}, (), snapshots, client_seed, secure)
+    side = ClientSide(key, {}, (), snapshots, client_seed, secure, judge)
     worker = ClientWorker(*worker_args, client_side=(side, key))
     ops = {
         "device": lambda: str(worker.device),
@@ -375,6 +450,8 @@ def _serve_clients(
         "secure_sums": side.secure_sums,
         "snapshot": lambda round: side.snapshot(key, round),
         "restore": lambda blob, round: side.restore(key, blob, round),
+        "judge": lambda round: side.judge(key, round),
+        "evaluations": lambda: side.evaluations(key),
     }
     while True:
         try:

@@ -130,9 +130,9 @@ class Coordinator(Renewable):
         actor, docs/speed.md); None: start them here. `trains`: this process trains pieces of
         each round too (``trains_in_coordinator``). `algorithm` and the model `spec` (default:
         ``model_spec(cfg)``) may be sealed. `client_side`: the ``ClientSide`` actor of an
-        untrusted server's run: the clients' states and secure inputs stay there, the secure
-        sums are computed there, and it starts the workers this actor would (with the key this
-        actor never holds)."""
+        untrusted server's run: the clients' states, secure inputs and scores stay there, the
+        secure sums are computed and the evaluations judged there, and it starts the workers
+        this actor would (with the key this actor never holds)."""
         import torch
 
         from raysim.rounds import RoundLoop, group_size
@@ -162,6 +162,7 @@ class Coordinator(Renewable):
                 return ray.get(ref, timeout=timeout)
 
             self.loop.secure_sums = secure_sums
+            self.loop.judge = None  # the clients' scores go to their side, which judges them
         self.group_size = group_size(rt.client_group_size, num_gpus_per_worker)
         size = len(true_clusters) if rt.actor_per_client else rt.num_workers
         local = None

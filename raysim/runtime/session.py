@@ -14,11 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raysim.config import RuntimeConfig
+from raysim.metrics.evaluation import Judge
 from raysim.rundir import handlers_kept
 from raysim.runtime import reuse
 from raysim.runtime.checkpoint import (
@@ -30,7 +32,7 @@ from raysim.runtime.checkpoint import (
     split_checkpoint,
     write_partial_metrics,
 )
-from raysim.runtime.client_side import ClientSide, OnRay, client_key
+from raysim.runtime.client_side import ClientSide, OnRay, add_judged, client_key
 from raysim.runtime.coordinator import (
     Coordinator,
     trains_in_coordinator,
@@ -106,10 +108,11 @@ def _start_workers(
 
 
 class ClientsApart:
-    """An untrusted server's run: the ``ClientSide`` actor (the clients' states and secure
-    inputs, out of the coordinator's process), its key and the clients' seed, which only the
-    driver, that actor and the workers hold. A checkpoint then carries the clients' states and
-    seed beside the round loop's, all written by the driver."""
+    """An untrusted server's run: the ``ClientSide`` actor (the clients' states, secure inputs
+    and scores, out of the coordinator's process), its key and the clients' seed, which only
+    the driver, that actor and the workers hold. The driver adds the metrics judged there to
+    the coordinator's rows. A checkpoint then carries the clients' states, judge and seed
+    beside the round loop's, all written by the driver."""
 
     def __init__(self, prep: Any, data_ref: Any, gpus: float) -> None:
         assert prep.client_seed is not None, "prepared without the clients' seed"
@@ -126,10 +129,18 @@ class ClientsApart:
         snapshots = rt.checkpoint_every > 0
         side = ray.remote(ClientSide).options(**opts)
         secure = prep.privacy_summary.get("secure_spec")  # the clients' own copy of the plan
-        self.actor = side.remote(self.key, *args, snapshots, self.seed, secure)
+        judge = Judge(np.asarray(prep.truth), prep.cfg.training.early_stop_patience)
+        self.actor = side.remote(self.key, *args, snapshots, self.seed, secure, judge)
 
-    def restore(self, blob: bytes | None, round: int, timeout: float) -> None:
-        ray.get(self.actor.restore.remote(self.key, blob, round), timeout=timeout)
+    def restore(self, blob: bytes | None, round: int, timeout: float) -> dict[int, dict]:
+        """Back to a checkpoint's states and judge; the metrics judged up to ``round``."""
+        return ray.get(self.actor.restore.remote(self.key, blob, round), timeout=timeout)
+
+    def judge(self, round: int, timeout: float) -> dict[str, Any]:
+        return ray.get(self.actor.judge.remote(self.key, round), timeout=timeout)
+
+    def evaluations(self, timeout: float) -> list[Any]:
+        return ray.get(self.actor.evaluations.remote(self.key), timeout=timeout)
 
     def snapshot(self, round: int) -> Any:
         return self.actor.snapshot.remote(self.key, round)
@@ -268,7 +279,8 @@ def run_session(
                         ref = coordinator.restore.remote(loop_blob)
                         done, rows = ray.get(ref, timeout=timeout)
                     if clients is not None:
-                        clients.restore(clients_blob, done, timeout)
+                        judged = clients.restore(clients_blob, done, timeout)
+                        add_judged(rows, judged)
                     pending = None
                 if done >= cfg.rounds:
                     break
@@ -278,6 +290,8 @@ def run_session(
                 row = ray.get(pending, timeout=timeout)
                 pending = None
                 done += 1
+                if clients is not None and cfg.evaluated_after(done):  # judged apart
+                    row.update(clients.judge(done, timeout))
                 rows.append(row)
                 every, last = rt.checkpoint_every, done == cfg.rounds or row.get("early_stopped")
                 snap = coordinator.snapshot.remote() if checkpoint_due(every, done, last) else None
@@ -309,6 +323,8 @@ def run_session(
             if last:
                 break
         results = ray.get(coordinator.results.remote(), timeout=timeout)
+        if clients is not None:  # the rows with the metrics judged apart, and the scores
+            results["history"], results["eval"] = rows, clients.evaluations(timeout)
         clean = not restarts and not results["workers_replaced"]
         if clean and _park(prep, coordinator, early_workers, gpus, trains):
             coordinator, early_workers = None, []  # kept for the command's next run

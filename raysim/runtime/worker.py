@@ -81,7 +81,7 @@ class ClientWorker(Renewable):
         be; client_evaluations: shared forward passes); the groups are fixed by the coordinator,
         so the bits do not depend on how many workers share them. With the clients' side (an
         untrusted server), the clients admit the request first and check what they release
-        (``modes.device``)."""
+        (``modes.device``), and an evaluation's scores go to that side, not into the reply."""
         if self.client_side is None:
             return self._run(kind, round, self._broadcast(models), groups)
         from raysim.modes.device import (
@@ -102,6 +102,10 @@ class ClientWorker(Renewable):
                 may_select = self.algorithm.may_select(round)
                 vet_releases(self.algorithm.privacy, round, out, may_select)
                 self._hand_back(round, out)
+            else:  # the scores are the experimenter's: to the clients' side, none to the server
+                side, key = self.client_side
+                side.keep_evaluations(key, round, out)
+                out = []
         except ReleaseRefused as refused:
             # what the server sent was refused: nothing of the clients' left, the round is
             # still theirs (a failure on their data spends it: a retry would be a new release)
