@@ -458,6 +458,35 @@ def test_a_client_key_is_needed_to_read_the_clients_side(ray_session):
     ray.kill(side)
 
 
+def test_the_clients_side_judges_the_scores_and_a_restore_takes_its_judge_back():
+    """The clients' side reads each evaluation against the truth and counts evaluations without
+    a lower mean loss (patience 2, scores written out below). A snapshot after round 1 holds
+    the judge as it was then: a restore (a lost server) takes the count back to it, and gives
+    the driver the metrics judged up to round 1."""
+    from raysim.runtime.client_side import ClientSide
+
+    key = b"k" * 16
+    side = ClientSide(key, {}, (), True, 7, None, Judge(np.array([0, 0, 1]), patience=2))
+
+    def judged(round: int, losses: list[float]) -> dict:
+        scores = [EvalReport(c, loss, 1 - loss / 4, 10) for c, loss in enumerate(losses)]
+        side.keep_evaluations(key, round, scores[::-1])
+        return side.judge(key, round)
+
+    first = judged(1, [1.0, 2.0, 3.0])
+    assert first["loss"] == 2.0 and first["accuracy_min"] == 0.25
+    assert first["accuracy_cluster_0"] == 0.625 and first["accuracy_minority"] == 0.25
+    assert "early_stopped" not in first
+    blob = side.snapshot(key, 1)
+    assert "early_stopped" not in judged(2, [2.0, 2.0, 2.0])  # no lower: one stale
+    assert judged(3, [3.0, 3.0, 3.0])["early_stopped"] is True  # two
+    assert side.restore(key, blob, 1) == {1: first}
+    assert "early_stopped" not in judged(2, [2.0, 2.0, 2.0])  # one stale again
+    assert [r.client_id for r in side.evaluations(key)] == [0, 1, 2]
+    with pytest.raises(PermissionError):
+        side.judge(b"", 2)
+
+
 def test_a_snapshot_is_the_states_after_its_round_even_when_the_next_round_wrote():
     from raysim.runtime.client_side import ClientSide, read_snapshot
 
