@@ -485,6 +485,9 @@ def test_the_clients_side_judges_the_scores_and_a_restore_takes_its_judge_back()
     assert [r.client_id for r in side.evaluations(key)] == [0, 1, 2]
     with pytest.raises(PermissionError):
         side.judge(b"", 2)
+    side.keep_evaluations(key, 4, [EvalReport(0, 1.0, 0.5, 10), EvalReport(2, 1.0, 0.5, 10)])
+    with pytest.raises(RuntimeError, match="round 4: 1 of 3 clients were not evaluated"):
+        side.judge(key, 4)  # a server that had only the clients it chose scored
 
 
 def test_a_snapshot_is_the_states_after_its_round_even_when_the_next_round_wrote():

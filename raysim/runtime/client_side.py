@@ -240,13 +240,20 @@ class ClientSide:
     # -- the driver ------------------------------------------------------------------------------
     def judge(self, key: bytes, round: int) -> dict[str, Any]:
         """The metrics of the evaluation after ``round`` (``Judge``), once all its pieces ran:
-        the driver adds them to the round's row."""
+        the driver adds them to the round's row. Every client is scored (each algorithm's
+        evaluation plan has them all): metrics over fewer would be over clients the server
+        chose."""
         self._check(key)
         if self._judge is None:
             raise PermissionError("this clients' side was given no judge")
         scores = self._evaluations.pop(round, {})
         for r in [r for r in self._evaluations if r < round]:  # a failed attempt's leftovers
             del self._evaluations[r]
+        if len(scores) < len(self._judge.truth):
+            raise RuntimeError(
+                f"round {round}: {len(self._judge.truth) - len(scores)} of "
+                f"{len(self._judge.truth)} clients were not evaluated"
+            )
         self._judged[round] = self._judge(list(scores.values()))
         return self._judged[round]
 
