@@ -75,7 +75,10 @@ def _recovered(info: dict) -> bool:
 def test_spread_over_nodes_and_a_node_removed_mid_round(single_node, tmp_path):
     info = _cluster(tmp_path, "undisturbed,node_removed")
     assert len(info["undisturbed"]["nodes"]) == 2  # one worker on each worker node
-    assert info["removed"] and _recovered(info["node_removed"])
+    # the server and the clients' side stay beside the driver, on a head without CPUs (where
+    # Ray would spill a mere preference): the lost node takes a worker, never either of them
+    lost = info["node_removed"]
+    assert info["removed"] and lost["workers_replaced"] >= 1 and lost["coordinator_restarts"] == 0
     for name in ("undisturbed", "node_removed"):
         _assert_same(single_node, tmp_path / name)
 

@@ -107,6 +107,17 @@ def _start_workers(
     return [reuse.start(ClientWorker, opts, args) for _ in range(size - trains)]
 
 
+def beside_driver(cpus: float) -> NodeAffinitySchedulingStrategy:
+    """On the driver's node (the head on a cluster): a worker node that goes away takes no
+    server or clients' side along. Pinned where the actor holds no CPU: Ray spills a soft
+    preference off a head started with ``--num-cpus 0`` (the usual head of a large cluster),
+    measured with ``ray.cluster_utils.Cluster``. An actor that holds a worker's CPUs (a
+    coordinator that trains) only prefers it: on a head without CPUs it goes where they are,
+    and a lost node then restarts it from its checkpoint."""
+    here = ray.get_runtime_context().get_node_id()
+    return NodeAffinitySchedulingStrategy(here, soft=cpus > 0)
+
+
 class ClientsApart:
     """An untrusted server's run: the ``ClientSide`` actor (the clients' states, secure inputs
     and scores, out of the coordinator's process), its key and the clients' seed, which only
@@ -124,8 +135,7 @@ class ClientsApart:
         )
         opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1, "max_restarts": 0}
         if ray.util.get_current_placement_group() is None:  # beside the driver, as the server
-            here = ray.get_runtime_context().get_node_id()  # is: a lost node takes neither
-            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=True)
+            opts["scheduling_strategy"] = beside_driver(0)  # is: a lost node takes neither
         snapshots = rt.checkpoint_every > 0
         side = ray.remote(ClientSide).options(**opts)
         secure = prep.privacy_summary.get("secure_spec")  # the clients' own copy of the plan
@@ -166,8 +176,7 @@ def _coordinator_options(prep: Any, trains: bool) -> tuple[dict[str, Any], tuple
     cpus = prep.cfg.runtime.cpus_per_worker if trains else 0
     opts: dict[str, Any] = {"num_cpus": cpus, "max_concurrency": 1}
     if ray.util.get_current_placement_group() is None:
-        here = ray.get_runtime_context().get_node_id()
-        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=True)
+        opts["scheduling_strategy"] = beside_driver(cpus)
     return opts, ("trusted_server", bool(prep.privacy_summary.get("trusted_server", False)))
 
 
@@ -299,11 +308,13 @@ def run_session(
                 client_snap = clients.snapshot(done) if snap is not None and clients else None
                 if not last:  # the next round starts now; the actor runs the snapshot first
                     pending = coordinator.step.remote()
-                if snap is not None:
+                # the checkpoint changes with both its parts or not at all: a clients' side
+                # lost between them must not leave one without the clients' states and scores
+                if client_snap is not None and clients is not None:
+                    loop_part, clients_part = ray.get([snap, client_snap], timeout=timeout)
+                    blob = join_checkpoint(loop_part, clients_part, clients.seed)
+                elif snap is not None:
                     blob = ray.get(snap, timeout=timeout)
-                if client_snap is not None:
-                    states = ray.get(client_snap, timeout=timeout)
-                    blob = join_checkpoint(blob, states, clients.seed)
             except RayActorError as exc:
                 restarts += 1
                 if restarts > rt.max_coordinator_restarts:
