@@ -1,7 +1,8 @@
 """Runs the multi-node scenarios of test_multinode.py in its own process: a
 `ray.cluster_utils.Cluster` (head with no CPU + two 2-CPU worker nodes) cannot share the test
 session's Ray. Usage: python multinode_driver.py OUT_DIR SETTINGS_JSON [SCENARIO,...]
-(scenarios: undisturbed, worker_killed, node_removed; default: undisturbed,node_removed)"""
+(scenarios: undisturbed, trusted (the same under a trusted server), worker_killed,
+node_removed; default: undisturbed,node_removed)"""
 
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ def run(out: Path, overrides: list[str], fault=None) -> dict:
     results = run_prepared(prep, out, on_round=on_round)
     return {
         "nodes": sorted({w["node_id"] for w in results["workers"]}),
+        "in_coordinator": any(w.get("in_coordinator") for w in results["workers"]),
         "workers_replaced": results["workers_replaced"],
         "coordinator_restarts": results["coordinator_restarts"],
     }
@@ -97,6 +99,7 @@ def main() -> int:
 
     faults = {
         "undisturbed": None,
+        "trusted": None,
         "worker_killed": lambda: kill_a_worker(info),
         "node_removed": remove_a_node,  # last: the node stays gone
     }
@@ -106,7 +109,8 @@ def main() -> int:
         info["seconds"]["cluster_up"] = time.perf_counter() - t0
         for name in scenarios:
             t = time.perf_counter()
-            info[name] = run(out / name, overrides, faults[name])
+            settings = overrides + ["privacy.mode=none"] if name == "trusted" else overrides
+            info[name] = run(out / name, settings, faults[name])
             info["seconds"][name] = time.perf_counter() - t
     finally:
         ray.shutdown()

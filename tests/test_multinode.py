@@ -73,8 +73,11 @@ def _recovered(info: dict) -> bool:
 
 
 def test_spread_over_nodes_and_a_node_removed_mid_round(single_node, tmp_path):
-    info = _cluster(tmp_path, "undisturbed,node_removed")
+    info = _cluster(tmp_path, "trusted,undisturbed,node_removed")
     assert len(info["undisturbed"]["nodes"]) == 2  # one worker on each worker node
+    # a trusted server's coordinator trains no client on a head without CPUs: it would have to
+    # leave the head for a worker's CPUs, and a lost node would take it along
+    assert len(info["trusted"]["nodes"]) == 2 and not info["trusted"]["in_coordinator"]
     # the server and the clients' side stay beside the driver, on a head without CPUs (where
     # Ray would spill a mere preference): the lost node takes a worker, never either of them
     lost = info["node_removed"]

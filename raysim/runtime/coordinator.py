@@ -41,16 +41,21 @@ def trains_in_coordinator(rt: RuntimeConfig, gpus: float, privacy_summary: dict[
     cores, a third process importing torch and holding a model cost W ~1 s of start-up and
     ~290 MiB (docs/speed.md). Only where the server is trusted with raw updates (an untrusted
     server must never hold one in its process), on CPU (a GPU share is a worker's), with shared
-    workers (not one actor per client) and outside a Tune trial (whose bundles place the
-    workers)."""
+    workers (not one actor per client), outside a Tune trial (whose bundles place the
+    workers) and on a driver's node with a worker's CPUs: on a cluster's head started without
+    CPUs the coordinator holds none and stays there, so a worker node that goes away never
+    takes the server along (``session.beside_driver``)."""
     if not rt.coordinator_trains or rt.actor_per_client or gpus > 0:
         return False
     if not privacy_summary.get("trusted_server", False):
         return False
-    try:
-        return ray.util.get_current_placement_group() is None
-    except Exception:  # outside Ray (unit tests)
+    if not ray.is_initialized():  # outside Ray (unit tests); asking would start one
         return True
+    if ray.util.get_current_placement_group() is not None:
+        return False
+    here = ray.get_runtime_context().get_node_id()
+    node = next(n for n in ray.nodes() if n["NodeID"] == here)
+    return node["Resources"].get("CPU", 0.0) >= rt.cpus_per_worker
 
 
 def worker_options(rt: RuntimeConfig, num_gpus_per_worker: float) -> dict[str, Any]:
