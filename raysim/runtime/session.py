@@ -112,8 +112,9 @@ def beside_driver(cpus: float) -> NodeAffinitySchedulingStrategy:
     server or clients' side along. Pinned where the actor holds no CPU: Ray spills a soft
     preference off a head started with ``--num-cpus 0`` (the usual head of a large cluster),
     measured with ``ray.cluster_utils.Cluster``. An actor that holds a worker's CPUs (a
-    coordinator that trains) only prefers it: on a head without CPUs it goes where they are,
-    and a lost node then restarts it from its checkpoint."""
+    coordinator that trains, only where the driver's node has them) only prefers it: where
+    others hold them it goes where CPUs are free instead of waiting, and a lost node then
+    restarts it from its checkpoint."""
     here = ray.get_runtime_context().get_node_id()
     return NodeAffinitySchedulingStrategy(here, soft=cpus > 0)
 
