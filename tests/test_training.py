@@ -193,3 +193,23 @@ def test_channels_last_matches_default_format_and_leaves_opacus_exact():
     default = trainer("cnn")
     default.channels_last = False  # Opacus' conv per-sample gradients are wrong channels-last
     assert torch.equal(after_plain.update, default.train(w, x, y, dp, gen(4)).update)
+
+
+def test_a_gpu_worker_turns_tf32_off(monkeypatch):
+    """cuDNN's TF32 convolutions, PyTorch's default, put the Table-2 CNN's gradient 3e-2 off
+    float64 on an H200 (README "On a GPU"): a worker that picks CUDA turns TF32 off; one on the
+    CPU leaves the process alone. CUDA is pretended here; the flags are what is read."""
+    from raysim.runtime.worker import pick_device
+
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    before = cudnn.allow_tf32, matmul.allow_tf32
+    try:
+        cudnn.allow_tf32 = matmul.allow_tf32 = True
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        assert pick_device(1.0).type == "cpu" and cudnn.allow_tf32
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        assert pick_device(0.0).type == "cpu" and cudnn.allow_tf32
+        assert pick_device(0.25).type == "cuda"
+        assert not cudnn.allow_tf32 and not matmul.allow_tf32
+    finally:
+        cudnn.allow_tf32, matmul.allow_tf32 = before

@@ -28,6 +28,9 @@ def pick_device(num_gpus: float) -> torch.device:
 
     # Ray sets CUDA_VISIBLE_DEVICES for GPU actors; a fake (declared) GPU has no CUDA: ask torch.
     if num_gpus > 0 and torch.cuda.is_available():
+        from raysim.training import float32_kernels
+
+        float32_kernels()
         return torch.device("cuda")
     return torch.device("cpu")
 

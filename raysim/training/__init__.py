@@ -9,7 +9,7 @@ from raysim.training.config import (
     sampling_plan,
 )
 from raysim.training.losses import TASKS, per_sample_loss
-from raysim.training.trainer import LocalTrainer
+from raysim.training.trainer import LocalTrainer, float32_kernels
 
 __all__ = [
     "GRAD_SAMPLE_MODES",
@@ -19,6 +19,7 @@ __all__ = [
     "SamplingPlan",
     "TrainConfig",
     "TrainResult",
+    "float32_kernels",
     "per_sample_loss",
     "sampling_plan",
 ]
