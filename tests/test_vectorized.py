@@ -121,6 +121,33 @@ def test_clipped_gradient_sum_matches_opacus_to_1e5():
         assert float(sum_a.norm()) <= 0.1 * n * (1 + 1e-5)  # clipping bites: each <= C
 
 
+@pytest.mark.parametrize("dp", [False, True])
+def test_float64_group_matches_plain_autograd(dp):
+    """In float64 (the dtype of the cross-device check, scripts/gpu_check_vectorized.py) one
+    full-batch step equals a hand-made one: each client's batch gradient from plain autograd
+    (SGD), or the sum of its per-sample gradients, one backward pass each, clipped to C = 0.1
+    (DP-SGD at z = 0), divided by n."""
+    data, weights, _, _ = setup()
+    vec = VectorizedTrainer(build_model("cnn", (1, 8, 8), 3), "classification", dtype=torch.float64)
+    extra = {"dp_noise_multiplier": 0.0, "dp_clip": 0.1} if dp else {}
+    cfg = TrainConfig(lr=1.0, batch_size=1, full_batch=True, **extra)
+    out = vec.train_group(weights, data, [cfg] * len(SIZES), gens())
+    model = build_model("cnn", (1, 8, 8), 3).double()
+    for (x, y), w, r in zip(data, weights, out, strict=True):
+        start = w.double()
+        grads = []
+        for rows in [range(len(y))] if not dp else [[i] for i in range(len(y))]:
+            torch.nn.utils.vector_to_parameters(start, model.parameters())
+            model.zero_grad()
+            xb, yb = torch.from_numpy(x[list(rows)]).double(), torch.from_numpy(y[list(rows)])
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+            grads.append(g * min(1.0, 0.1 / (float(g.norm()) + 1e-6)) if dp else g)
+        expected = -sum(grads) / (len(y) if dp else 1)
+        assert r.update.dtype == torch.float64
+        torch.testing.assert_close(r.update, expected, atol=1e-12, rtol=1e-10)
+
+
 def test_empty_poisson_batch_takes_noise_only_step():
     """q = 1/40 on a tiny client: many empty Poisson batches; still equal to Opacus."""
     cfg = TrainConfig(lr=0.1, batch_size=1, dp_noise_multiplier=1.0, dp_clip=1.0, max_steps=6)

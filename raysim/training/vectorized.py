@@ -86,9 +86,18 @@ class _Client:
 class VectorizedTrainer:
     """One resident model per worker (as LocalTrainer); trains groups of clients with vmap."""
 
-    def __init__(self, model: nn.Module, task: str, device: torch.device | str = "cpu"):
-        self.device = torch.device(device)
-        self.model = model.to(self.device)
+    def __init__(
+        self,
+        model: nn.Module,
+        task: str,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ):
+        # float64 is for numerical checks across devices: a max-pool's gradient jumps where
+        # float32 rounding decides a near-tie, so two devices' float32 results can part in a
+        # client beyond rounding (scripts/gpu_check_vectorized.py); in float64 they do not.
+        self.device, self.dtype = torch.device(device), dtype
+        self.model = model.to(self.device, dtype)
         self.task = task
         self.names = [k for k, p in self.model.named_parameters() if p.requires_grad]
         self.shapes = [p.shape for _, p in self.model.named_parameters() if p.requires_grad]
@@ -142,7 +151,7 @@ class VectorizedTrainer:
         if reason is not None:
             raise ValueError(f"group cannot be vectorized: {reason}")
         cfg = cfgs[0]
-        init = torch.stack([w.detach().reshape(-1).to("cpu", torch.float32) for w in weights])
+        init = torch.stack([w.detach().reshape(-1).to("cpu", self.dtype) for w in weights])
         if init.shape[1] != self.dim:
             raise ValueError(f"weights have {init.shape[1]} elements, model has {self.dim}")
         xs, ys, ns = self._pad(data)
@@ -161,7 +170,7 @@ class VectorizedTrainer:
             losses.append(step_losses)
             momentum = self._sgd_step(params, grads, center, cfg, active, momentum)
         self._settle_losses(clients, losses)
-        new = self._flatten(params).to("cpu", torch.float32)
+        new = self._flatten(params).to("cpu", self.dtype)
         out = []
         for i, c in enumerate(clients):
             update = new[i] - init[i]
@@ -259,7 +268,7 @@ class VectorizedTrainer:
                 rows.append(c.orders[epoch][s * c.b : (s + 1) * c.b].cpu())
             sizes.append(rows[-1].numel())
         idx, mask = self._index(rows)
-        w = mask / torch.tensor([max(s, 1) for s in sizes], dtype=torch.float32)[:, None]
+        w = mask / torch.tensor([max(s, 1) for s in sizes], dtype=self.dtype)[:, None]
         xb, yb = self._gather(xs, ys, idx)
         grads, losses = self._grads(self._client_losses, params, xb, yb, self._put(w))
         sums = (losses * self._put(mask)).sum(1)
@@ -302,7 +311,7 @@ class VectorizedTrainer:
             for k in self.names:
                 keep = finite.view(*finite.shape, *[1] * (per_sample[k].dim() - 2))
                 per_sample[k] = torch.where(keep, per_sample[k], 0)
-        clip = self._put(torch.tensor([c.dp_clip for c in cfgs], dtype=torch.float32))
+        clip = self._put(torch.tensor([c.dp_clip for c in cfgs], dtype=self.dtype))
         factor = (clip[:, None] / (norms + 1e-6)).clamp(max=1.0) * mask
         sums = (losses * mask).sum(1)
         grads = {}
@@ -366,7 +375,7 @@ class VectorizedTrainer:
         """All clients' rows in one [G, n_max, ...] tensor (one copy per group call)."""
         xs_list, ys_list, ns = [], [], []
         for x, y in data:
-            xt = as_tensor(x).to(torch.float32)
+            xt = as_tensor(x).to(self.dtype)
             yt = targets(self.task, as_tensor(y))
             if xt.shape[0] != yt.shape[0]:
                 raise ValueError(f"x has {xt.shape[0]} rows, y has {yt.shape[0]}")
