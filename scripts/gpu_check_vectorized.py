@@ -178,21 +178,21 @@ def main() -> int:
     # One gradient against float64 on the CPU, under each convolution back end: which one (if
     # any) strays from float32 accuracy (~1e-6); TF32 did, by 3e-2, on an H200.
     reference = gradient(data[0], torch.float64, "cpu")
-    for label, settings in GRADIENT_BACKENDS.items():
-        with nullcontext() if settings is None else torch.backends.cudnn.flags(**settings):
-            grad = gradient(data[0], torch.float32, dev)
-        errors = ", ".join(
+
+    def errors(grad: dict[str, torch.Tensor]) -> str:
+        return ", ".join(
             f"{k} {float((grad[k] - r).abs().max() / r.abs().max()):.1e}"
             for k, r in reference.items()
         )
-        print(f"one gradient on {dev}, {label}: max relative difference {errors}")
+
+    for label, settings in GRADIENT_BACKENDS.items():
+        with nullcontext() if settings is None else torch.backends.cudnn.flags(**settings):
+            grad = gradient(data[0], torch.float32, dev)
+        print(f"one gradient on {dev}, {label}: max relative difference {errors(grad)}")
     # The same in float64 on the device: ~1e-15 says the kernels' arithmetic is right and only
     # their float32 precision (TF32, Winograd/FFT algorithms) is in question.
     grad = gradient(data[0], torch.float64, dev)
-    errors = ", ".join(
-        f"{k} {float((grad[k] - r).abs().max() / r.abs().max()):.1e}" for k, r in reference.items()
-    )
-    print(f"one gradient on {dev} in float64: max relative difference {errors}")
+    print(f"one gradient on {dev} in float64: max relative difference {errors(grad)}")
     # CPU and device draw the same batches here (plain SGD permutations, full-batch DP): in
     # float64 the vectorized results must agree across devices (module docstring).
     cross = {
