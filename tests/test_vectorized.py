@@ -4,6 +4,9 @@ on the same batches: same updates, same clipped-gradient sums, same noise."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -296,3 +299,19 @@ def test_clustered_algorithms_train_a_group_at_once(monkeypatch, algorithm, over
     assert np.array_equal(one.assigned, grouped.assigned)
     for a, b in zip(one.models, grouped.models, strict=True):
         assert torch.allclose(a, b, atol=1e-5), float((a - b).abs().max())
+
+
+def test_the_gpu_check_runs_dry_on_the_cpu():
+    """scripts/gpu_check_vectorized.py is what a session lent a GPU runs; its CPU dry run keeps
+    it working between such sessions (every check printed, each passing)."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check_vectorized.py"
+    args = ["--device", "cpu", "--group", "4", "--samples", "20"]
+    run = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[-1] == "PASS"
+    checks = [line for line in lines if line.endswith((" ok", "MISMATCH")) or "ok; " in line]
+    assert len(checks) == 23 and not any("MISMATCH" in line for line in lines)
+    assert sum("float64 cpu vs cpu" in line for line in lines) == 4
