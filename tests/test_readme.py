@@ -1,7 +1,7 @@
-"""Every `raysim` command in the README's code blocks runs, in its documented form, with tiny
-sizes added as `--set` overrides (placeholders such as CONFIG filled in, optional [...] parts
-left out). A README command without a case here fails `test_every_readme_command_is_covered`,
-so README and code cannot drift apart."""
+"""Every `raysim` command in the code blocks of the README and of docs/*.md runs, in its
+documented form, with tiny sizes added as `--set` overrides (placeholders such as CONFIG filled
+in, optional [...] parts left out). A documented command without a case here fails
+`test_every_readme_command_is_covered`, so the docs and the code cannot drift apart."""
 
 from __future__ import annotations
 
@@ -35,20 +35,26 @@ TINY_FMNIST = [  # the papers' configs cut down: 8 clients of 60 images, 1 round
 CLUSTER_HERE = ["runtime.address=null", "runtime.num_workers=2", "runtime.gpus_per_worker=auto"]
 
 
+def documented_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def readme_commands() -> list[str]:
-    """`raysim ...` invocations in the README's bash blocks, continuations joined."""
-    text = (ROOT / "README.md").read_text()
-    found = []
+    """`raysim ...` invocations in the bash blocks of the README and the docs, continuations
+    joined, each once."""
+    text = "\n".join(f.read_text() for f in documented_files())
+    found: list[str] = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = re.sub(r"\s+#.*$", "", line).strip()
             m = re.search(r"(?:^|&&\s+|\s--\s+)(raysim(?:\s.*)?)$", line)
-            if m:
+            if m and " ".join(m.group(1).split()) not in found:
                 found.append(" ".join(m.group(1).split()))
     return found
 
 
-# README command -> (extra --set overrides, needs Fashion-MNIST). The order is the README's.
+# documented command -> (extra --set overrides, needs Fashion-MNIST), in the order of
+# README.md, then docs/*.md by name.
 CASES: dict[str, tuple[list[str], bool]] = {
     "raysim run": (TINY_DEMO, False),
     "raysim run [CONFIG] [--set key=value ...] [--out DIR] [--algorithms a,b] [--overwrite]": (

@@ -37,7 +37,7 @@ def float32_kernels() -> None:
     """CUDA computes in float32 as the CPU does. PyTorch lets cuDNN convolutions use TF32 (a
     10-bit mantissa) unless told otherwise; on an H200 that gave the Table-2 CNN's gradient a
     relative error of 3e-2 against float64, where float32 kernels give 5e-7, so a GPU run would
-    not be the CPU run within float rounding (README "On a GPU"). Process-wide: a worker's
+    not be the CPU run within float rounding (docs/speed.md, "On a GPU"). Process-wide: a worker's
     process serves its trainers only."""
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
