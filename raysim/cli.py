@@ -1,4 +1,4 @@
-"""raysim: run | report | data | privacy | compare | sweep | attack (`raysim COMMAND -h`).
+"""raysim: run | report | data | privacy | compare | sweep | attack | list (`raysim COMMAND -h`).
 
 This is the composition root: it looks algorithms up by name and hands them to the engine.
 User mistakes exit with code 2 and a one-paragraph message (no traceback); other failures with 1.
@@ -344,8 +344,19 @@ def cmd_privacy(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_list(args: argparse.Namespace) -> int:
+    from raysim.catalog import listing
+
+    print(listing(args.kind))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
+    from raysim import __version__
+    from raysim.catalog import KINDS
+
     p = argparse.ArgumentParser(prog="raysim", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"raysim {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def with_config(sp: argparse.ArgumentParser) -> None:
@@ -388,6 +399,10 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "compare", help="one config under several algorithms and seeds (raysim compare -h)"
     )
+
+    lst = sub.add_parser("list", help="what a config can name: " + ", ".join(KINDS))
+    lst.add_argument("kind", choices=KINDS)
+    lst.set_defaults(func=cmd_list)
 
     from raysim.attacks.cli import add_attack_parser
     from tune.sweep import add_sweep_parser

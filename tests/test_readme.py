@@ -70,6 +70,7 @@ CASES: dict[str, tuple[list[str], bool]] = {
         False,
     ),
     "raysim sweep SWEEP.yaml [--scheduler asha]": ([], False),
+    "raysim list KIND": ([], False),
     "raysim --help": ([], False),
     "raysim compare configs/rdpcfl_fmnist_rotation.yaml --inline --jobs 2 --algorithms rdpcfl "
     "--seeds 0,1 --set training.eval_every=10 --out results/e200-fmnist --resume": (
@@ -108,6 +109,7 @@ def _argv(command: str, tmp: Path, extra: list[str]) -> list[str]:
     command = re.sub(r"\s*\[[^\]]*\]", "", command)
     fill = {
         "CONFIG": str(DEMO),
+        "KIND": "algorithms",
         "DIR": str(tmp / "demo-run"),
         "SWEEP.yaml": str(tmp / "tiny-sweep.yaml"),
         "/tmp/runs/fmnist": str(tmp / "runs-fmnist"),

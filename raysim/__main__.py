@@ -1,0 +1,5 @@
+"""`python -m raysim`: the `raysim` command."""
+
+from raysim.cli import entry
+
+entry()
