@@ -21,7 +21,7 @@ def test_version_is_the_installed_distribution(capsys):
         main(["--version"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out.strip() == f"raysim {version('raysim')}"
-    assert raysim.__version__ == version("raysim")
+    assert raysim.__version__ == version("raysim-dpfl")
 
 
 def test_python_dash_m_raysim_is_the_command():

@@ -211,3 +211,56 @@ def test_digits_are_scikit_learns_without_importing_it() -> None:
     base = load_digits()
     assert np.array_equal(base.pixels[:, 0], reference.images.astype(np.uint8))
     assert np.array_equal(base.y, reference.target)
+
+
+@pytest.fixture
+def mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A download mirror on the loopback: an HTTP server over a directory of generated gzip IDX
+    files, with their MD5s as the published ones."""
+    import functools
+    import hashlib
+    import http.server
+    import threading
+
+    served = tmp_path / "served"
+    served.mkdir()
+    make_idx_dir(served, compress=True)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    md5 = {f.name: hashlib.md5(f.read_bytes()).hexdigest() for f in served.iterdir()}
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    monkeypatch.setattr(sources, "DOWNLOAD_URLS", {"mnist": (url,)})
+    monkeypatch.setattr(sources, "DOWNLOAD_MD5", {"mnist": md5})
+    yield served
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_download_is_used_when_its_checksums_match(tmp_path: Path, mirror: Path) -> None:
+    dest = tmp_path / "dest"
+    base = load_base("mnist", str(dest), 0, DataConfig())
+    assert len(base) == 7
+    assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in mirror.iterdir())
+
+
+def test_a_download_that_is_not_the_published_file_is_refused(tmp_path: Path, mirror: Path) -> None:
+    """A file altered on the way (one byte here) is not used, and nothing is left behind."""
+    target = mirror / "t10k-labels-idx1-ubyte.gz"
+    body = bytearray(target.read_bytes())
+    body[-9] ^= 0xFF
+    target.write_bytes(bytes(body))
+    dest = tmp_path / "dest"
+    with pytest.raises(DataNotFoundError, match="t10k-labels-idx1-ubyte.gz has MD5"):
+        load_base("mnist", str(dest), 0, DataConfig())
+    assert not any(dest.rglob("*"))
+
+
+def test_every_downloaded_file_has_a_published_checksum() -> None:
+    for name, urls in sources.DOWNLOAD_URLS.items():
+        assert urls
+        names = {sources._idx_candidates(part)[0] for part in sources.IDX_PARTS}
+        assert set(sources.DOWNLOAD_MD5[name]) == names
+        assert all(len(h) == 32 for h in sources.DOWNLOAD_MD5[name].values())

@@ -109,6 +109,22 @@ DOWNLOAD_URLS: dict[str, tuple[str, ...]] = {
         "https://ossci-datasets.s3.amazonaws.com/mnist/",
     ),
 }
+# The published MD5 of each downloaded file (torchvision's and the datasets' own): a download
+# that does not match (a captive portal's page, a truncated or altered file) is not used.
+DOWNLOAD_MD5: dict[str, dict[str, str]] = {
+    "fmnist": {
+        "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+        "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+        "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+        "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+    },
+    "mnist": {
+        "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+        "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+        "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+        "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+    },
+}
 DOWNLOAD_TIMEOUT_S = 10.0
 CACHE_DIR = "~/.cache/raysim"
 
@@ -299,8 +315,13 @@ def find_idx_files(directory: str | os.PathLike[str], name: str) -> dict[str, Pa
     return None
 
 
-def _download_idx(name: str, dest: Path) -> dict[str, Path] | None:
-    """Fetch the four gzip IDX files into ``dest``; None (and nothing left behind) on failure."""
+class ChecksumError(OSError):
+    """A downloaded file is not the published one."""
+
+
+def _download_idx(name: str, dest: Path, why: list[str] | None = None) -> dict[str, Path] | None:
+    """Fetch the four gzip IDX files into ``dest``, each checked against its published MD5;
+    None (and nothing left behind) on failure, with each mirror's reason appended to ``why``."""
     for url in DOWNLOAD_URLS.get(name, ()):
         tmp = dest / ".partial"
         try:
@@ -308,11 +329,20 @@ def _download_idx(name: str, dest: Path) -> dict[str, Path] | None:
             for part in IDX_PARTS:
                 fname = _idx_candidates(part)[0]
                 with urllib.request.urlopen(url + fname, timeout=DOWNLOAD_TIMEOUT_S) as r:
-                    (tmp / fname).write_bytes(r.read())
+                    body = r.read()
+                digest = hashlib.md5(body, usedforsecurity=False).hexdigest()
+                if digest != DOWNLOAD_MD5[name][fname]:
+                    raise ChecksumError(
+                        f"{url + fname} has MD5 {digest}, not the published "
+                        f"{DOWNLOAD_MD5[name][fname]}"
+                    )
+                (tmp / fname).write_bytes(body)
             for f in tmp.iterdir():
                 f.replace(dest / f.name)
             return find_idx_files(dest, name)
-        except OSError:
+        except OSError as exc:
+            if why is not None:
+                why.append(str(exc) if isinstance(exc, ChecksumError) else f"{url}: {exc}")
             continue
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -327,13 +357,15 @@ def locate_idx(name: str, root: str | None) -> dict[str, Path]:
         if found is not None:
             return found
     dest = Path(root if root is not None else Path(CACHE_DIR) / name).expanduser()
-    found = _download_idx(name, dest)
+    why: list[str] = []
+    found = _download_idx(name, dest, why)
     if found is not None:
         return found
     looked = "\n  ".join(str(Path(d).expanduser()) for d in dirs)
+    failed = "".join(f"\n  {w}" for w in why)
     raise DataNotFoundError(
         f"data.dataset={name!r}: IDX files {', '.join(IDX_PARTS)} not found in:\n  {looked}\n"
-        f"and downloading from {', '.join(DOWNLOAD_URLS[name])} into {dest} failed.\n"
+        f"and downloading from {', '.join(DOWNLOAD_URLS[name])} into {dest} failed:{failed}\n"
         f"To get them: {HOW_TO_GET[name]}"
     )
 
