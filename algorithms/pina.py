@@ -1,7 +1,7 @@
 """PINA (arXiv 2604.20596): DP clustered FL against an untrusted server, in two stages.
 
 Only the abstract and section openings of the paper are available; the choices below are ours
-and documented (docs/results.md, "PINA").
+and documented (docs/results/pina.md).
 
 Stage 1, cluster model initialisation (``init``):
 

@@ -75,7 +75,7 @@ def test_what_users_read_points_nowhere_outside_the_repository():
         r"\.\./shared|DESIGN\.md|FIELD-NOTES|\bpaper 00\d|\bappendix 00\d|\bissues? \d+",
         re.IGNORECASE,
     )
-    files = [root / "README.md", *(root / "docs").glob("*.md")]
+    files = [root / "README.md", *(root / "docs").rglob("*.md")]
     for folder, ext in (("configs", "yaml"), ("tune", "yaml"), ("scripts", "py"), ("raysim", "py")):
         files += (root / folder).rglob(f"*.{ext}")
     files += (root / "algorithms").glob("*.py")

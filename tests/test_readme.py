@@ -36,7 +36,7 @@ CLUSTER_HERE = ["runtime.address=null", "runtime.num_workers=2", "runtime.gpus_p
 
 
 def documented_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def readme_commands() -> list[str]:
