@@ -1,11 +1,16 @@
-"""raysim from Python (a notebook, a script of one's own): ``raysim run`` through its own code
-path, and a run directory's results as pandas tables.
+"""raysim from Python (a notebook, a script of one's own): ``raysim run``, ``compare`` and
+``privacy`` through their own code paths, and a run directory's results as pandas tables.
 
-    from raysim.api import load, run, summaries
+    from raysim.api import compare, load, privacy, run, summaries
 
     done = run("configs/rdpcfl_quick.yaml", {"privacy.epsilon": 2}, algorithms=["rdpcfl", "ifca"])
     done["rdpcfl"].metrics[["round", "accuracy", "epsilon"]]
-    summaries("runs/compare-x").groupby("algorithm")["final_accuracy"].agg(["mean", "std"])
+    privacy("configs/rdpcfl_quick.yaml", {"privacy.epsilon": 2})["noise_multiplier"]
+    compare("configs/rdpcfl_quick.yaml", algorithms=["rdpcfl", "ifca"], seeds=[0, 1], out="runs/c")
+    summaries("runs/c").groupby("algorithm")["final_accuracy"].agg(["mean", "std"])
+
+A config is a YAML file's path, None (the demo), a dict of sections as the YAML holds them, or an
+``ExperimentConfig``; ``overrides`` map dotted keys to Python values.
 
 A user mistake raises ``raysim.config.ConfigError`` (the message the command prints) before Ray
 starts; the tables are the run directory's files, read when first asked for.
@@ -14,7 +19,10 @@ starts; the tables are the run directory's files, read when first asked for.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -22,7 +30,9 @@ from typing import Any
 
 import yaml
 
-from raysim.config import ConfigError
+from raysim.config import ConfigError, ExperimentConfig
+
+Config = str | Path | Mapping[str, Any] | ExperimentConfig | None
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,7 @@ def summaries(path: str | Path) -> Any:
 
 
 def run(
-    config: str | Path | None = None,
+    config: Config = None,
     overrides: Mapping[str, Any] | None = None,
     *,
     algorithms: Sequence[str] | None = None,
@@ -114,17 +124,92 @@ def run(
     keys to Python values (``{"data.cluster_sizes": [3, 6, 6, 6]}``)."""
     from raysim.cli import parser, run_experiments
 
-    argv = ["run"] + ([str(config)] if config is not None else [])
-    for key, value in (overrides or {}).items():
-        argv += ["--set", f"{key}={_yaml_value(value)}"]
-    if algorithms is not None:
-        argv += ["--algorithms", ",".join(algorithms)]
-    if out is not None:
-        argv += ["--out", str(out)]
-    if overwrite:
-        argv += ["--overwrite"]
-    finished = [Run(d) for d in run_experiments(parser().parse_args(argv))]
+    with _config_file(config) as path:
+        argv = ["run", *path, *_set_flags(overrides)]
+        if algorithms is not None:
+            argv += ["--algorithms", ",".join(algorithms)]
+        if out is not None:
+            argv += ["--out", str(out)]
+        if overwrite:
+            argv += ["--overwrite"]
+        finished = [Run(d) for d in run_experiments(parser().parse_args(argv))]
     return {r.config["algorithm"]["name"]: r for r in finished}
+
+
+def compare(
+    config: Config,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    algorithms: Sequence[str],
+    seeds: Sequence[int] = (0, 1, 2),
+    out: str | Path | None = None,
+    inline: bool = False,
+    jobs: int = 1,
+    overwrite: bool = False,
+    resume: bool = False,
+) -> dict[tuple[str, int], Run]:
+    """``raysim compare CONFIG --algorithms ... --seeds ...``: the finished runs by (algorithm,
+    seed), also in ``out`` with their table (``compare.md``). Where a run fails, RuntimeError
+    names the directory, after the other runs have finished."""
+    from raysim.compare import compare_main
+    from raysim.config import DEMO_CONFIG, load_config
+
+    with _config_file(config) as path:
+        path = path or [str(DEMO_CONFIG)]  # compare takes a file: the demo's
+        if out is None:
+            name = load_config(path[0], _overrides(overrides)).name
+            out = Path("runs") / f"compare-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        argv = [*path, *_set_flags(overrides), "--out", str(out), "--jobs", str(jobs)]
+        argv += ["--algorithms", ",".join(algorithms), "--seeds", ",".join(map(str, seeds))]
+        flags = {"--inline": inline, "--overwrite": overwrite, "--resume": resume}
+        argv += [flag for flag, on in flags.items() if on]
+        if compare_main(argv) != 0:
+            raise RuntimeError(f"raysim compare: some runs failed (see {out})")
+    return {(r.config["algorithm"]["name"], r.config["seed"]): r for r in runs(out)}
+
+
+def privacy(config: Config = None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``raysim privacy CONFIG --json``: the calibrated noise and the planned eps, per round
+    too, without training (the noise is calibrated as a run would before it starts)."""
+    from raysim.cli import _prepare
+    from raysim.compare import for_algorithm
+    from raysim.config import DEMO_CONFIG, load_config
+    from raysim.privacy_report import privacy_report
+
+    with _config_file(config) as path:
+        cfg = load_config(path[0] if path else DEMO_CONFIG, _overrides(overrides))
+    return privacy_report(_prepare(for_algorithm(cfg, quiet=True)), schedule=True)
+
+
+@contextmanager
+def _config_file(config: Config) -> Iterator[list[str]]:
+    """The command line's CONFIG argument for ``config`` ([] for the demo): a dict or an
+    ExperimentConfig is written to a temporary YAML file for the command's duration."""
+    if config is None or isinstance(config, str | Path):
+        yield [] if config is None else [str(config)]
+        return
+    from raysim.config import dump_config
+
+    if isinstance(config, ExperimentConfig):
+        text = dump_config(config)
+    elif isinstance(config, Mapping):
+        text = yaml.safe_dump(dict(config), sort_keys=False)
+    else:
+        kind = type(config).__name__
+        raise ConfigError(f"config: a YAML path, a dict, an ExperimentConfig or None; got {kind}")
+    with tempfile.TemporaryDirectory(prefix="raysim-api-") as tmp:
+        path = Path(tmp) / "config.yaml"
+        path.write_text(text)
+        yield [str(path)]
+
+
+def _overrides(overrides: Mapping[str, Any] | None) -> list[str]:
+    """``--set`` values (KEY=VALUE) for a mapping of dotted keys to Python values."""
+    return [f"{k}={_yaml_value(v)}" for k, v in (overrides or {}).items()]
+
+
+def _set_flags(overrides: Mapping[str, Any] | None) -> list[str]:
+    return [a for item in _overrides(overrides) for a in ("--set", item)]
 
 
 def _yaml_value(value: Any) -> str:

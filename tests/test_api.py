@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import RAY_TIMEOUT_S
 
-from raysim.api import load, run, runs, summaries
+from raysim.api import compare, load, privacy, run, runs, summaries
 from raysim.config import ConfigError
 
 SMALL = {
@@ -59,3 +59,48 @@ def test_a_mistake_raises_the_commands_message_before_anything_runs(tmp_path):
         load(tmp_path)
     with pytest.raises(ConfigError, match="does not exist"):
         summaries(tmp_path / "nothing")
+
+
+def _as_sections(flat: dict) -> dict:
+    """SMALL's dotted keys as the nested sections a YAML file holds."""
+    nested: dict = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return nested
+
+
+def test_compare_takes_a_dict_and_returns_each_run_by_algorithm_and_seed(tmp_path):
+    config = _as_sections({**SMALL, "rounds": 1})
+    done = compare(
+        config,
+        {"model.name": "linear"},
+        algorithms=["fedavg", "local"],
+        seeds=[0, 1],
+        out=tmp_path / "c",
+        inline=True,
+    )
+    assert sorted(done) == [("fedavg", 0), ("fedavg", 1), ("local", 0), ("local", 1)]
+    for (name, seed), r in done.items():
+        assert r.path == tmp_path / "c" / name / f"seed{seed}"
+        assert r.config["model"]["name"] == "linear" and r.config["rounds"] == 1
+    assert (tmp_path / "c" / "compare.md").read_text().count("\n| fedavg") == 1
+
+
+def test_privacy_is_the_commands_report_for_a_config_object(capsys):
+    from raysim.cli import main
+    from raysim.config import DEMO_CONFIG, load_config
+
+    sets = {"privacy.epsilon": 2, "algorithm.name": "fedavg"}
+    report = privacy(load_config(DEMO_CONFIG), sets)
+    assert (
+        main(["privacy", "--json", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]])
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(report))
+    assert report["target_epsilon"] == 2 and report["noise_multiplier"] > 0
+    with pytest.raises(ConfigError, match="config: a YAML path, a dict"):
+        privacy(42)  # type: ignore[arg-type]
