@@ -36,6 +36,7 @@ import io
 import json
 import os
 import pickle
+import re
 import sys
 import types
 from collections.abc import Iterable
@@ -195,9 +196,9 @@ def decode_state(blob: bytes, algorithm: type | None = None) -> Any:
         with torch.serialization.safe_globals(allowed_globals(algorithm)):
             return torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as exc:
-        lines = [ln.strip() for ln in str(exc).splitlines() if "WeightsUnpickler error" in ln]
-        why = lines[0].split("error:", 1)[1] if lines else "refused by the restricted decoder"
-        why = why.split(" was not an allowed")[0].strip()
+        named = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        said = re.search(r"WeightsUnpickler error: *(.+)", str(exc))
+        why = f"it names {named[1]}" if named else said[1].strip() if said else "not data"
         raise CheckpointError(
             f"a checkpoint holds something raysim does not load ({why}); it was not written "
             "by raysim, or was altered: refused, and nothing in it was run"
