@@ -155,14 +155,44 @@ def _print_results(dirs: Sequence[Path], plot_to: Path | None = None) -> None:
         print(f"plot: {plot_to}", file=sys.stderr)
 
 
+def _prepare_checked(cfg: ExperimentConfig, blob: bytes | None):
+    """``_prepare``, and the checkpoint to continue decoded under the algorithm's allowlist
+    (runtime.checkpoint): one holding anything else is refused here, before Ray starts."""
+    prep = _prepare(cfg)
+    if blob is not None:
+        from raysim.runtime.checkpoint import check_decodes
+
+        check_decodes(blob, type(prep.algorithm))
+    return prep
+
+
+def _resume_dir(given: str) -> Path:
+    """The run directory ``--resume`` names, refused where it cannot be one."""
+    if not given.strip():
+        raise ConfigError("--resume: give the run directory to continue (it is empty)")
+    path = Path(given).resolve()
+    if path.parent == path:
+        raise ConfigError(
+            f"--resume {given!r}: the file system's root is not a run directory; give the "
+            "directory of the run (the --out it was started with)"
+        )
+    return path
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
-    """Continue a run from its checkpoint (in OUT.incomplete), with the config it started with."""
+    """Continue a run from its checkpoint (in OUT.incomplete), with the config it started with.
+    Before Ray starts, under the run's lock: the checkpoint is checked (format, checksums,
+    decodable as data), and config.yaml must be the config the run started with."""
     from raysim import rundir
-    from raysim.runtime.checkpoint import CHECKPOINT, load_checkpoint
+    from raysim.runtime.checkpoint import (
+        CHECKPOINT,
+        LEGACY,
+        PREVIOUS,
+    )
 
     if args.config or args.algorithms or args.out:
         raise ConfigError("--resume takes the run directory only (its config.yaml is used)")
-    target = rundir.target_of(Path(args.resume).resolve())
+    target = rundir.target_of(_resume_dir(args.resume))
     stage = rundir.staging_dir(target)
     if not stage.is_dir():
         if not target.exists():
@@ -171,13 +201,33 @@ def cmd_resume(args: argparse.Namespace) -> int:
             raise ConfigError(f"run {str(target)!r} is finished: there is nothing to resume")
         if not (target / "config.yaml").is_file():
             raise ConfigError(f"run directory {str(target)!r} has no config.yaml")
-        if not any((target / f).is_file() for f in ("status.json", CHECKPOINT)):
+        if not any((target / f).is_file() for f in ("status.json", CHECKPOINT, PREVIOUS, LEGACY)):
             raise ConfigError(
                 f"--resume: {str(target)!r} holds a config.yaml but no run raysim started (no "
                 "status.json or checkpoint): nothing to resume; start one with raysim run CONFIG"
             )
         load_config(target / "config.yaml", list(args.set or []))  # refused before it moves
-        os.replace(target, stage)  # a run left in place by an older raysim: continue it there
+        rundir.lock(target)  # a run left in place by an older raysim: continue it there
+        try:
+            os.replace(target, stage)
+        finally:
+            rundir.release(target)
+    rundir.lock(stage)  # one writer: a second --resume, or a run onto it, is refused
+    try:
+        return _resume_locked(args, target, stage)
+    finally:
+        rundir.release(stage)
+
+
+def _resume_locked(args: argparse.Namespace, target: Path, stage: Path) -> int:
+    from raysim import rundir
+    from raysim.runtime.checkpoint import (
+        check_config,
+        config_digest,
+        config_record,
+        load_checkpoint,
+    )
+
     status = rundir.unfinished(stage)
     if target.exists() and not (args.overwrite or rundir.read_status(stage).get("overwrite")):
         rundir.check_target(target, overwrite=False)  # started without --overwrite: refuse
@@ -185,15 +235,29 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     sets = list(args.set or [])
     saved = (stage / "config.yaml").read_text()
-    changed = changed_keys(saved, dump_config(load_config(stage / "config.yaml", sets)))
+    resolved = dump_config(load_config(stage / "config.yaml", sets))
+    changed = changed_keys(saved, resolved)
     if changed:  # its noise and its ledger's budget were planned for the saved config
         raise ConfigError(
             f"--resume continues a run as it started: --set would change {', '.join(changed)}; "
             "only runtime.* keys may be set (start a new run for other settings)"
         )
-    build = lambda: [_prepare(load_config(stage / "config.yaml", sets))]  # noqa: E731
+    blob = load_checkpoint(stage)  # format and checksums; a damaged one is refused
+    if blob is not None:  # config.yaml edited since the checkpoint was written: refused
+        check_config(blob, resolved, f"--resume {target}")
+    recorded = rundir.read_status(stage)
+    record = config_record(resolved)
+    if recorded.get("config_sha256") not in (None, config_digest(record)):
+        import yaml
+
+        keys = changed_keys(yaml.safe_dump(recorded.get("config") or {}), yaml.safe_dump(record))
+        raise ConfigError(
+            f"--resume {target}: config.yaml differs from the config the run started with "
+            f"({', '.join(keys) or 'its checksum'}): put the old values back to continue, or "
+            "start a new run for the new ones"
+        )
+    build = lambda: [_prepare_checked(load_config(stage / "config.yaml", sets), blob)]  # noqa: E731
     prep = prepare_apart(build, meanwhile=_load_run_modules)[0]
-    blob = load_checkpoint(stage)
     if blob is None:
         print(f"raysim: {stage} has no checkpoint: starting from round 1", file=sys.stderr)
     elif status is not None:
@@ -205,7 +269,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if args.resume:
+    if args.resume is not None:  # `--resume ''` too: refused, never the demo
         return cmd_resume(args)
     run_experiments(args)
     return 0

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from raysim.config import ConfigError, changed_keys, load_config, with_client_seed
+from raysim.config import ConfigError, changed_keys, dump_config, load_config, with_client_seed
 
 # (column, metric in summary.json "final", scale)
 ACCURACY_COLUMNS = (
@@ -145,10 +145,11 @@ def run_inline(
             last = done == cfg.rounds or bool(row.get("early_stopped"))
             if out_dir is not None:
                 if checkpoint_due(cfg.runtime.checkpoint_every, done, last):
-                    blob = loop.snapshot()
-                    if prep.client_seed is not None:  # the clients' part: states, seed
-                        states = loop.clients.snapshot(done) if loop.clients else None
-                        blob = join_checkpoint(blob, states, prep.client_seed)
+                    states = None  # the clients' part (states), with their seed
+                    if prep.client_seed is not None and loop.clients:
+                        states = loop.clients.snapshot(done)
+                    config = dump_config(prep.recorded_config())
+                    blob = join_checkpoint(loop.snapshot(), states, prep.client_seed, done, config)
                     save_checkpoint(out_dir, blob)
                 write_partial_metrics(out_dir, loop.history)
             if on_round:
@@ -627,12 +628,15 @@ def _run_job(job: Job, out: Path, inline: bool, overwrite: bool, lines: bool = F
     from raysim.cli import run_one
     from raysim.experiment import prepare
     from raysim.rundir import staging_dir
-    from raysim.runtime.checkpoint import load_checkpoint
+    from raysim.runtime.checkpoint import check_config, check_decodes, load_checkpoint
 
     cfg = job.cfg
     prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
     run_dir = out / cfg.algorithm.name / f"seed{cfg.seed}"
     blob = load_checkpoint(staging_dir(run_dir)) if job.resuming else None
+    if blob is not None:  # a checkpoint of another config, or one that holds code: refused
+        check_config(blob, dump_config(prep.recorded_config()), str(staging_dir(run_dir)))
+        check_decodes(blob, type(prep.algorithm))
     t0 = time.perf_counter()
     # a paper-scale inline run takes hours: it writes checkpoints as a Ray run does
     run_one(

@@ -288,14 +288,18 @@ def run_prepared(
     try:
         results = (session or run_session)(prep, on_round=on_round, out_dir=stage, resume=resume)
         write_results(stage, prep, results)
+        rundir.commit(stage, out_dir)
     except ConfigError as exc:  # refused before a round ran (e.g. workers that cannot fit)
         if not (stage / "metrics.parquet").exists() and resume is None:
             shutil.rmtree(stage)
+            rundir.release(stage)
         else:
-            rundir.mark_interrupted(stage, exc)
+            rundir.stop(stage, exc)
         raise
-    except BaseException as exc:
-        rundir.mark_interrupted(stage, exc)
+    except BaseException as exc:  # the status says why; the lock is given back
+        if stage.is_dir():
+            rundir.stop(stage, exc)
+        else:
+            rundir.release(stage)
         raise
-    rundir.commit(stage, out_dir)
     return results

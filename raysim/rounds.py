@@ -16,7 +16,6 @@ computed here, never by the algorithm.
 from __future__ import annotations
 
 import importlib
-import pickle
 import sys
 import threading
 import time
@@ -257,14 +256,20 @@ class RoundLoop:
         return self._run("evaluate", self.algorithm.plan_evaluation(self.state))
 
     def snapshot(self) -> bytes:
-        """A checkpoint: everything that changes between rounds. Random generators need no saving:
-        every draw is keyed by (seed, round, client, purpose), so round r+1 after a restore draws
-        exactly what it would have drawn in an uninterrupted run."""
-        return pickle.dumps({k: getattr(self, k) for k in CHECKPOINT_FIELDS})
+        """A checkpoint's part: everything that changes between rounds, as data
+        (``runtime.checkpoint.encode_state``). Random generators need no saving: every draw is
+        keyed by (seed, round, client, purpose), so round r+1 after a restore draws exactly what
+        it would have drawn in an uninterrupted run."""
+        from raysim.runtime.checkpoint import encode_state
+
+        return encode_state({k: getattr(self, k) for k in CHECKPOINT_FIELDS})
 
     def restore(self, blob: bytes) -> tuple[int, list[dict[str, Any]]]:
-        """Continue from a snapshot; returns the last completed round and the history so far."""
-        saved = pickle.loads(blob)
+        """Continue from a snapshot; returns the last completed round and the history so far.
+        Decoded under the allowlist of this run's algorithm: nothing else is loaded."""
+        from raysim.runtime.checkpoint import decode_state
+
+        saved = decode_state(blob, type(self.algorithm))
         judge = self.judge
         for k in CHECKPOINT_FIELDS:
             if k in saved or k not in LATER_FIELDS:

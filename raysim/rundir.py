@@ -10,6 +10,7 @@ it is unfinished. ``--out`` onto an existing run refuses unless the caller asks 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -17,6 +18,7 @@ import platform
 import re
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -79,10 +81,11 @@ def read_status(stage: Path) -> dict:
 
 
 def _write_json(path: Path, data: dict, indent: int) -> None:
-    """Whole or not at all: written beside, then renamed into place."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=indent, default=str))
-    os.replace(tmp, path)
+    """Whole or not at all: written beside, fsync'd, then renamed into place (the temporary
+    file goes whatever fails)."""
+    from raysim.runtime.checkpoint import atomic_write
+
+    atomic_write(path, json.dumps(data, indent=indent, default=str).encode())
 
 
 def write_status(stage: Path, **fields: object) -> None:
@@ -126,13 +129,120 @@ def _stretch(stage: Path) -> dict[str, object]:
     return {"from_round": _rounds_done(stage) + 1, "started": when, **machine()}
 
 
-def begin(out: Path, config_text: str, rounds: int, overwrite: bool, resume: bool) -> Path:
-    """The staging directory to run in: a fresh one, or (``resume``) the existing one."""
+# -------------------------------------------------------------------- one writer per run
+LOCK = ".lock"
+# this process's locks, by staging directory: (file descriptor, times taken)
+_held: dict[Path, list[int]] = {}
+
+
+def _holder(stage: Path) -> str:
+    try:
+        pid = (stage / LOCK).read_text().strip()
+    except OSError:
+        pid = ""
+    return f"process {pid}" if pid else "another process"
+
+
+def lock(stage: Path) -> None:
+    """Take the run's advisory lock (``fcntl.flock`` on ``STAGE/.lock``), held until
+    ``release``: a second writer of the same run (``--resume`` twice, ``--overwrite`` onto a
+    running run) is refused (ConfigError) instead of mixing its files with the first's. The lock
+    goes with the process, so a killed run never leaves it held. Taken again by the process that
+    holds it, it is counted (``release`` undoes one)."""
+    import fcntl
+
+    key = stage.absolute()
+    if key in _held:
+        _held[key][1] += 1
+        return
+    fd = os.open(stage / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            f"run {target_of(stage)} is being written by {_holder(stage)}: wait for it to end "
+            "(or stop it), then try again"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _held[key] = [fd, 1]
+
+
+def release(stage: Path, remove: bool = False) -> None:
+    """Give one ``lock`` back; the last one closes the lock (``remove``: and deletes its file,
+    of a finished run, whose directory is no longer a staging one)."""
+    key = stage.absolute()
+    held = _held.get(key)
+    if held is None:
+        return
+    held[1] -= 1
+    if held[1] > 0 and not remove:
+        return
+    del _held[key]
+    if remove:
+        (stage / LOCK).unlink(missing_ok=True)
+    os.close(held[0])
+
+
+def _refuse_links(out: Path) -> None:
+    """A run directory that is a symbolic link is refused: replacing it would replace the link
+    and leave its target behind (or delete the target's run through it). Links above it are
+    fine: the rename happens inside the directory they lead to."""
+    for path in (out, staging_dir(out)):
+        if path.is_symlink():
+            raise ConfigError(
+                f"--out {str(path)!r} is a symbolic link (to {os.readlink(path)!r}): give the "
+                "directory itself, or another --out"
+            )
+
+
+def _claim(out: Path, config_text: str) -> Path:
+    """A new staging directory for ``out``, locked: made under a name of its own and renamed
+    into place, so that a concurrent writer finds either none or one that is locked. An old
+    one (a run stopped before) is removed only while its lock is held here."""
     stage = staging_dir(out)
+    if stage.exists():
+        lock(stage)  # refused while another process runs it
+        try:
+            shutil.rmtree(stage)
+        finally:
+            release(stage)
+    fresh = stage.with_name(f"{stage.name}.new-{os.getpid()}")
+    shutil.rmtree(fresh, ignore_errors=True)
+    fresh.mkdir(parents=True)
+    try:
+        lock(fresh)
+        (fresh / "config.yaml").write_text(config_text)
+        try:
+            os.rename(fresh, stage)  # refused if another writer made one meanwhile
+        except OSError:
+            raise ConfigError(
+                f"run {out} is being written by {_holder(stage)}: wait for it to end, then try "
+                "again"
+            ) from None
+    except BaseException:
+        release(fresh)
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    _held[stage.absolute()] = _held.pop(fresh.absolute())
+    return stage
+
+
+def begin(out: Path, config_text: str, rounds: int, overwrite: bool, resume: bool) -> Path:
+    """The staging directory to run in, locked (``lock``) for this process until ``commit`` or
+    ``stop``: a fresh one, or (``resume``) the existing one. The resolved config is recorded
+    in the status (a run with no checkpoint yet can still tell an edited config.yaml)."""
+    from raysim.runtime.checkpoint import config_digest, config_record
+
+    _refuse_links(out)
+    stage = staging_dir(out)
+    record = config_record(config_text)
     if resume:
         if not stage.is_dir():
             stage.mkdir(parents=True)
             (stage / "config.yaml").write_text(config_text)
+        lock(stage)
         status = read_status(stage)
         status.pop("error", None)  # the last stop's: this process is running it again
         status.update(
@@ -141,22 +251,31 @@ def begin(out: Path, config_text: str, rounds: int, overwrite: bool, resume: boo
             pid=os.getpid(),
             stretches=[*status.get("stretches", []), _stretch(stage)],
         )
-        _write_json(stage / STATUS, status, indent=1)
+        status.setdefault("config", record)
+        status.setdefault("config_sha256", config_digest(record))
+        try:
+            _write_json(stage / STATUS, status, indent=1)
+        except BaseException:
+            release(stage)
+            raise
         return stage
     check_target(out, overwrite)
-    if stage.exists():
-        shutil.rmtree(stage)
-    stage.mkdir(parents=True)
-    (stage / "config.yaml").write_text(config_text)
-    write_status(
-        stage,
-        status="running",
-        rounds=rounds,
-        overwrite=overwrite,
-        started=time.strftime("%Y-%m-%d %H:%M:%S"),
-        pid=os.getpid(),
-        stretches=[_stretch(stage)],
-    )
+    stage = _claim(out, config_text)
+    try:
+        write_status(
+            stage,
+            status="running",
+            rounds=rounds,
+            overwrite=overwrite,
+            started=time.strftime("%Y-%m-%d %H:%M:%S"),
+            pid=os.getpid(),
+            stretches=[_stretch(stage)],
+            config=record,
+            config_sha256=config_digest(record),
+        )
+    except BaseException:
+        release(stage)
+        raise
     return stage
 
 
@@ -233,15 +352,38 @@ def error_text(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
 
 
+def clean_partial(stage: Path) -> None:
+    """Remove the temporary files a write cut short left in ``stage`` (``*.tmp``)."""
+    for tmp in stage.glob("*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
 def mark_interrupted(stage: Path, exc: BaseException) -> None:
+    """The run stopped: its status says how and why, and partial files go. Where the status
+    cannot be replaced (a full disk: there is no room for a second copy), it is rewritten in
+    place, once the partial files have freed their space, so it never stays "running"."""
     kind = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-    write_status(stage, status=kind, error=error_text(exc))
+    clean_partial(stage)
+    status = {**read_status(stage), "status": kind, "error": error_text(exc)}
+    try:
+        _write_json(stage / STATUS, status, indent=1)
+    except OSError:
+        with open(stage / STATUS, "w") as f:
+            f.write(json.dumps(status, default=str))
+
+
+def stop(stage: Path, exc: BaseException) -> None:
+    """``mark_interrupted``, then the run's lock is given back."""
+    try:
+        mark_interrupted(stage, exc)
+    finally:
+        release(stage)
 
 
 def commit(stage: Path, out: Path) -> None:
     """Move the finished staging directory into place (rename; an old run is swapped out). The
     status goes; where the run ran (its stretches) stays, in summary.json."""
-    from raysim.runtime.checkpoint import CHECKPOINT
+    from raysim.runtime.checkpoint import CHECKPOINT, PREVIOUS
 
     stretches = read_status(stage).get("stretches")
     summary = stage / "summary.json"
@@ -249,15 +391,52 @@ def commit(stage: Path, out: Path) -> None:
         _write_json(summary, {**json.loads(summary.read_text()), "stretches": stretches}, indent=2)
     (stage / STATUS).unlink(missing_ok=True)
     # a finished run is not continued (more rounds would not match the noise spent): its
-    # checkpoint is of no use, and can be large (89 MB for a ResNet-18 run)
+    # checkpoints are of no use, and can be large (89 MB for a ResNet-18 run)
     (stage / CHECKPOINT).unlink(missing_ok=True)
+    (stage / PREVIOUS).unlink(missing_ok=True)
+    _refuse_links(out)
     if out.exists():
         old = out.with_name(f"{out.name}.replaced-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(stage, out)
+        if _exchange(stage, out):  # one step: OUT is the old run, then the new one
+            os.replace(stage, old)
+        else:  # no exchange here: OUT is absent between the renames, the old run beside it
+            os.replace(out, old)
+            os.replace(stage, out)
         shutil.rmtree(old)
     else:
         os.replace(stage, out)
+    if stage.absolute() in _held:
+        _move_lock(stage, out)
+
+
+def _move_lock(stage: Path, out: Path) -> None:
+    """The lock taken on ``stage`` now lives in ``out`` (renamed with it): given back, its file
+    removed."""
+    _held[out.absolute()] = _held.pop(stage.absolute())
+    release(out, remove=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories atomically (Linux ``renameat2(RENAME_EXCHANGE)``), so that no moment
+    has neither the old run nor the new one in place; False where the system has no such call."""
+    import ctypes
+    import ctypes.util
+
+    if sys.platform != "linux":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    args = (at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
+    if renameat2(*args) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 @dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import math
 import os
-import pickle
 import signal
 import sys
 import time
@@ -336,7 +335,7 @@ def whole(ray_session, tmp_path_factory):
 
 def test_a_resumed_run_restores_the_clients_states(whole, tmp_path):
     from raysim.rundir import staging_dir
-    from raysim.runtime.checkpoint import load_checkpoint
+    from raysim.runtime.checkpoint import load_checkpoint, split_checkpoint
 
     died = tmp_path / "died"
 
@@ -347,7 +346,7 @@ def test_a_resumed_run_restores_the_clients_states(whole, tmp_path):
     with pytest.raises(DriverDied):
         run_prepared(_prep(algorithm=PINA), died, on_round=die_after_round_2)
     blob = load_checkpoint(staging_dir(died))
-    assert blob.startswith(b"raysim:clients-apart")  # the clients' states beside the loop's
+    assert split_checkpoint(blob)[1] is not None  # the clients' states beside the loop's
     run_prepared(_prep(algorithm=PINA), died, resume=blob, resuming=True)
     assert _metrics(died).equals(_metrics(whole))
     # one process continues it too, the clients' states back in its round loop
@@ -636,7 +635,7 @@ def test_kmeans_cfl_sketch_keeps_each_clients_stage1_cluster_and_weighs_no_norma
 
 
 def test_without_ray_a_checkpoint_carries_the_clients_states_too(tmp_path):
-    from raysim.runtime.checkpoint import load_checkpoint
+    from raysim.runtime.checkpoint import load_checkpoint, split_checkpoint
 
     whole = run_inline(_prep(algorithm=PINA))["history"]
 
@@ -647,7 +646,7 @@ def test_without_ray_a_checkpoint_carries_the_clients_states_too(tmp_path):
     with pytest.raises(DriverDied):
         run_inline(_prep(algorithm=PINA), on_round=die_after_round_2, out_dir=tmp_path)
     blob = load_checkpoint(tmp_path)
-    assert blob.startswith(b"raysim:clients-apart")
+    assert split_checkpoint(blob)[1] is not None  # the clients' part beside the loop's
     again = run_inline(_prep(algorithm=PINA), resume=blob)["history"]
     strip = [{k: v for k, v in r.items() if k != "round_seconds"} for r in whole]
     assert [{k: v for k, v in r.items() if k != "round_seconds"} for r in again] == strip
@@ -658,13 +657,20 @@ def test_a_checkpoint_of_the_servers_clients_continues_with_them_apart():
     them; ``sample`` before it kept its clients apart) continues with the states moved to the
     clients' part and the run's seed, which its clients drew from."""
     from raysim.rounds import CHECKPOINT_FIELDS
-    from raysim.runtime.checkpoint import clients_seed_of, kept_apart, split_checkpoint
+    from raysim.runtime.checkpoint import (
+        clients_seed_of,
+        decode_state,
+        encode_state,
+        join_checkpoint,
+        kept_apart,
+        split_checkpoint,
+    )
 
     snap = dict.fromkeys(CHECKPOINT_FIELDS) | {"round": 3, "client_states": {0: "s0", 2: "s2"}}
     snap["judge"] = Judge(np.zeros(3), patience=2, best_loss=0.5, stale=1)
-    blob = kept_apart(pickle.dumps(snap), run_seed=5)
+    blob = kept_apart(join_checkpoint(encode_state(snap), None, None, 3, "seed: 0\n"), run_seed=5)
     loop_blob, clients_blob, seed = split_checkpoint(blob)
-    loop = pickle.loads(loop_blob)
+    loop = decode_state(loop_blob)
     assert "judge" not in loop and loop == {k: v for k, v in snap.items() if k != "judge"} | {
         "client_states": {}
     }

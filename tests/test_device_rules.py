@@ -8,7 +8,6 @@ Ray."""
 from __future__ import annotations
 
 import copy
-import pickle
 from dataclasses import fields, replace
 
 import numpy as np
@@ -25,6 +24,7 @@ from raysim.privacy import Released
 from raysim.privacy.distributed import local_gaussian_event
 from raysim.protocol import ClientReport
 from raysim.rounds import group_size, task_groups
+from raysim.runtime.checkpoint import encode_state
 from raysim.runtime.client_side import ClientSide, read_snapshot
 from raysim.runtime.worker import ClientWorker
 from raysim.seeding import SERVER, numpy_rng
@@ -228,7 +228,7 @@ def test_what_the_clients_trained_is_kept_with_a_snapshot():
     with pytest.raises(ReleaseRefused):
         fresh.admit(KEY, "train", 1, {0: b"b"})
     assert fresh.admit(KEY, "train", 2, {0: b"b"})[0] == {0: "s1"}
-    legacy = pickle.dumps({0: "s0"})  # a snapshot written before the clients kept what they trained
+    legacy = encode_state({0: "s0"})  # a snapshot written before the clients kept what they trained
     assert read_snapshot(legacy) == ({0: "s0"}, {}, {}, None, {})
     fresh.restore(KEY, legacy, 1)
     assert fresh.admit(KEY, "evaluate", 1, {0: b""})[0] == {0: "s0"}

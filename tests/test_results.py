@@ -5,7 +5,6 @@ be continued from its checkpoint, and ``compare --report-only`` reads them all."
 from __future__ import annotations
 
 import json
-import pickle
 import re
 import shutil
 from pathlib import Path
@@ -17,7 +16,12 @@ from raysim.compare import compare_main, for_algorithm
 from raysim.config import changed_keys, dump_config, load_config
 from raysim.rounds import CHECKPOINT_FIELDS
 from raysim.rundir import SUFFIX, find_runs
-from raysim.runtime.checkpoint import load_checkpoint
+from raysim.runtime.checkpoint import (
+    CHECKPOINT,
+    decode_state,
+    load_checkpoint,
+    split_checkpoint,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
@@ -55,13 +59,13 @@ def test_committed_run_is_the_readme_command_and_can_go_on(run_dir):
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     assert [r["round"] for r in rows] == list(range(1, len(rows) + 1))
     if run_dir.name.endswith(SUFFIX):  # its checkpoint still loads with today's classes
-        snapshot = pickle.loads(load_checkpoint(run_dir))
+        snapshot = decode_state(split_checkpoint(load_checkpoint(run_dir))[0])
         assert set(snapshot) == set(CHECKPOINT_FIELDS) and snapshot["round"] == len(rows)
     else:
         summary = json.loads((run_dir / "summary.json").read_text())
         assert len(rows) == summary["rounds"] == saved.rounds
         assert summary["final_accuracy"] == rows[-1]["accuracy"]
-        assert not (run_dir / "checkpoint.pkl").exists()  # results/.gitignore keeps it out
+        assert not (run_dir / CHECKPOINT).exists()  # results/.gitignore keeps it out
 
 
 @pytest.mark.parametrize("folder", [t for t in TABLES if (RESULTS / t).is_dir()])

@@ -13,6 +13,7 @@ from conftest import small_config
 from raysim import rundir
 from raysim.cli import main
 from raysim.config import ConfigError
+from raysim.runtime.checkpoint import CHECKPOINT
 
 
 def _sets(**kw):
@@ -133,7 +134,7 @@ def test_report_accepts_a_directory_of_runs(ray_session, tmp_path, capsys):
     assert metrics["epsilon"].isna().all()
     clients = pq.read_table(out / "fedavg" / "clients.parquet").to_pandas()
     assert clients["epsilon"].isna().all()
-    assert not (out / "fedavg" / "checkpoint.pkl").exists()  # a finished run is not continued
+    assert not (out / "fedavg" / CHECKPOINT).exists()  # a finished run is not continued
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert f"{str(tmp_path / 'nope')!r} does not exist" in capsys.readouterr().err
     ledger = pq.read_table(out / "fedavg" / "privacy.parquet")

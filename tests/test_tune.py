@@ -200,7 +200,7 @@ def test_tiny_sweep_runs_reports_and_resumes(ray_session, tmp_path, capsys):
         assert (Path(path) / "run" / "metrics.parquet").is_file()
     printed = capsys.readouterr().out
     assert "all 2 trials by accuracy" in printed and "accuracy %" in printed
-    assert len(list(out.glob("tune/tiny/*/checkpoint_*/checkpoint.pkl"))) >= 2  # kept by Tune
+    assert len(list(out.glob("tune/tiny/*/checkpoint_*/checkpoint.ckpt"))) >= 2  # kept by Tune
 
     # resumed, its trials are made as its first ones were: other settings are refused before Ray
     other = ["--resume", "--set", "training.momentum=0.5"]

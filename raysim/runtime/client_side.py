@@ -44,7 +44,6 @@ process (``ClientsProcess``), which the server's process drives through a pipe.
 from __future__ import annotations
 
 import hmac
-import pickle
 import secrets
 from typing import Any, NamedTuple
 
@@ -281,7 +280,9 @@ class ClientSide:
         judged = {r: row for r, row in self._judged.items() if r <= round}
         snap = {"states": out, "served": served, "summed": summed}
         snap |= {"judge": self._judge, "judged": judged}  # the driver judged up to ``round``
-        return pickle.dumps(snap, protocol=pickle.HIGHEST_PROTOCOL)
+        from raysim.runtime.checkpoint import encode_state
+
+        return encode_state(snap)
 
     def restore(self, key: bytes, blob: bytes | None, round: int) -> dict[int, dict[str, Any]]:
         """Back to the states of a snapshot after ``round`` (None: a run from round 1). What the
@@ -324,7 +325,9 @@ class Snapshot(NamedTuple):
 def read_snapshot(blob: bytes) -> Snapshot:
     """One written before the clients kept what they released holds the states alone (and one
     before they kept the sums, no sums; before they judged, no judge)."""
-    snap = pickle.loads(blob)
+    from raysim.runtime.checkpoint import decode_state
+
+    snap = decode_state(blob)
     if "states" in snap:
         return Snapshot(
             snap["states"],

@@ -19,7 +19,7 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raysim.config import RuntimeConfig
+from raysim.config import RuntimeConfig, dump_config
 from raysim.metrics.evaluation import Judge
 from raysim.rundir import handlers_kept
 from raysim.runtime import reuse
@@ -254,6 +254,7 @@ def run_session(
         prep.dataset = None
         prep.dataset = ray.get(data_ref, timeout=timeout)
         blob = resume
+        config = dump_config(prep.recorded_config())  # what each checkpoint continues
         if apart and resume is not None:  # the clients continue with their states and seed
             blob = kept_apart(resume, cfg.seed)
             prep.client_seed = clients_seed_of(blob, cfg.seed)
@@ -313,9 +314,9 @@ def run_session(
                 # lost between them must not leave one without the clients' states and scores
                 if client_snap is not None and clients is not None:
                     loop_part, clients_part = ray.get([snap, client_snap], timeout=timeout)
-                    blob = join_checkpoint(loop_part, clients_part, clients.seed)
+                    blob = join_checkpoint(loop_part, clients_part, clients.seed, done, config)
                 elif snap is not None:
-                    blob = ray.get(snap, timeout=timeout)
+                    blob = join_checkpoint(ray.get(snap, timeout=timeout), None, None, done, config)
             except RayActorError as exc:
                 restarts += 1
                 if restarts > rt.max_coordinator_restarts:
