@@ -93,7 +93,7 @@ def multi_run_bound(
     scores_out: np.ndarray,
     delta: float,
     confidence: float = 0.95,
-    select_share: float = 0.5,
+    select_share: float = 0.25,
 ) -> Bound:
     """Multi-run audit: the threshold is chosen on the first ``select_share`` of each side's
     runs (by the bound it gives there), then bounded on the rest alone, so the confidence holds
