@@ -136,3 +136,16 @@ def test_cli_writes_the_files_and_report_prints_the_line(tmp_path, capsys):
 def test_cli_refuses_bad_input(argv, field, tmp_path, capsys):
     assert main(["audit", CONFIG, "--out", str(tmp_path / "x"), *argv]) == 2
     assert field in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_full_table_and_tightness():
+    """The docs' table (every mode, eps 2 and 8) holds; client mode, one round, q = 1, eps 2 at
+    delta 1e-5: a million releases audit it at eps >= 1.0 (about two minutes on 2 cores)."""
+    from raysim.audit.table import full_table
+
+    for r in full_table(runs=20_000):
+        assert r.lower_bound <= r.claimed_epsilon, r.line()
+    tight, _ = audit(prepared("privacy.epsilon=2.0"), runs=1_000_000, seed=0)
+    assert tight.claimed_epsilon == pytest.approx(2.0, rel=0.01)
+    assert 1.0 <= tight.lower_bound <= tight.claimed_epsilon
