@@ -1,4 +1,5 @@
-"""raysim: run | report | data | privacy | compare | sweep | attack | list (`raysim COMMAND -h`).
+"""raysim: run | report | data | privacy | compare | sweep | attack | audit | list
+(`raysim COMMAND -h`).
 
 This is the composition root: it looks algorithms up by name and hands them to the engine.
 User mistakes exit with code 2 and a one-paragraph message (no traceback); other failures with 1.
@@ -343,10 +344,14 @@ def run_experiments(args: argparse.Namespace) -> list[Path]:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from raysim import rundir
+    from raysim.audit.report import audit_line
     from raysim.metrics.results import plot_run
 
     dirs: list[Path] = []
     for d in map(Path, args.run_dirs):
+        if (line := audit_line(d)) is not None:  # an audit's directory (raysim audit)
+            print(line)
+            continue
         done, unfinished = rundir.find_runs(d)
         for u in unfinished:
             print(f"raysim: {u.describe()}", file=sys.stderr)
@@ -356,6 +361,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise ConfigError(f"{str(d)!r} holds no run (no summary.json in it or below it)")
         dirs += done
     if not dirs:
+        if all(audit_line(Path(d)) for d in args.run_dirs):
+            return 0
         raise ConfigError("no finished run to report (see above)")
     for d in dirs:
         plot_run(d)
@@ -469,9 +476,11 @@ def parser() -> argparse.ArgumentParser:
     lst.set_defaults(func=cmd_list)
 
     from raysim.attacks.cli import add_attack_parser
+    from raysim.audit.cli import add_audit_parser
     from tune.sweep import add_sweep_parser
 
     add_attack_parser(sub)
+    add_audit_parser(sub)
     add_sweep_parser(sub)
     return p
 

@@ -70,8 +70,10 @@ CASES: dict[str, tuple[list[str], bool]] = {
         False,
     ),
     "raysim sweep SWEEP.yaml [--scheduler asha]": ([], False),
+    "raysim audit configs/audit_digits.yaml [--runs R] [--out DIR]": ([], False),
     "raysim list KIND": ([], False),
     "raysim --help": ([], False),
+    "raysim audit configs/audit_digits.yaml --runs 1000000 --out runs/audit-client": ([], False),
     "raysim compare configs/rdpcfl_fmnist_rotation.yaml --inline --jobs 2 --algorithms rdpcfl "
     "--seeds 0,1 --set training.eval_every=10 --out results/e200-fmnist --resume": (
         TINY_FMNIST,
@@ -97,6 +99,10 @@ CASES: dict[str, tuple[list[str], bool]] = {
     "raysim sweep tune/sweeps/rdpcfl_eps_x_algorithm.yaml --set runtime.address=auto "
     "--out /tmp/sweeps/eps": ([*CLUSTER_HERE, *TINY_FMNIST], True),
 }
+
+
+# commands that take minutes as written: run with `pytest -m slow`
+SLOW = {"raysim audit configs/audit_digits.yaml --runs 1000000 --out runs/audit-client"}
 
 
 def test_every_readme_command_is_covered():
@@ -177,6 +183,7 @@ def _params():
     out = []
     for i, (command, (_, fmnist)) in enumerate(CASES.items()):
         marks = [needs_fmnist, pytest.mark.slow] if fmnist else []
+        marks += [pytest.mark.slow] if command in SLOW else []
         out.append(pytest.param(command, marks=marks, id=f"{i}-{command.split()[1]}"))
     return out
 

@@ -1,0 +1,105 @@
+"""`raysim audit CONFIG`: the configured mode's release path audited with canaries."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from raysim.config import ConfigError
+
+DEFAULT_RUNS = 20_000
+ONE_RUN_CANARIES = 500  # --runs 1 without --canaries (capped at what the model's dimension fits)
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refused before the audit runs: an --out that is a file, holds other files, or holds an
+    audit without --overwrite."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} exists and is not a directory")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / "audit.json").is_file():
+        raise ConfigError(f"--out {str(out)!r} holds other files, not an audit's: choose another")
+    if not overwrite:
+        raise ConfigError(
+            f"--out {str(out)!r} already holds an audit: pass --overwrite to replace it, or "
+            "choose another --out"
+        )
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from raysim.audit.run import PARTICIPATION
+    from raysim.cli import _config, _prepare
+    from raysim.config import dump_config
+    from raysim.rundir import out_flag
+
+    if args.runs < 1:
+        raise ConfigError(f"--runs: a whole number >= 1, got {args.runs}")
+    if args.canaries is not None and args.canaries < 1:
+        raise ConfigError(f"--canaries: a whole number >= 1, got {args.canaries}")
+    if args.participation not in PARTICIPATION:
+        raise ConfigError(f"--participation: one of {', '.join(PARTICIPATION)}")
+    if not 0.5 <= args.confidence < 1:
+        raise ConfigError(f"--confidence: in [0.5, 1), got {args.confidence}")
+    if args.seed < 0:
+        raise ConfigError(f"--seed: a whole number >= 0, got {args.seed}")
+    if args.config is None:
+        raise ConfigError("raysim audit needs a CONFIG (e.g. configs/audit_digits.yaml)")
+    cfg = _config(args)
+    out = (
+        Path(args.out)
+        if out_flag(args.out)
+        else Path("runs") / f"audit-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    check_out(out, args.overwrite)
+    prep = _prepare(cfg)
+    canaries = args.canaries
+    if canaries is None:
+        dim = int(prep.env.init_weights.numel())
+        limit = dim // 2 if cfg.privacy.mode == "dprivacy" else dim
+        canaries = min(ONE_RUN_CANARIES, limit) if args.runs == 1 else 1
+    from tqdm import tqdm
+
+    from raysim.audit.report import write_audit
+    from raysim.audit.run import audit
+
+    total = 1 if args.runs == 1 else args.runs
+    with tqdm(total=total, desc=f"audit {cfg.privacy.mode}", unit="run") as bar:
+        result, rows = audit(
+            prep, canaries, args.runs, args.seed, args.participation, args.confidence, bar.update
+        )
+    write_audit(out, result, rows, dump_config(prep.recorded_config()))
+    print(result.line())
+    if result.claim_note:
+        print(f"claim: {result.claim_note}")
+    print(f"results: {out}", file=sys.stderr)
+    return 0
+
+
+def add_audit_parser(sub: argparse._SubParsersAction) -> None:
+    from raysim.audit.run import PARTICIPATION
+
+    p = sub.add_parser("audit", help="empirical lower bound on eps with canaries (docs/audit.md)")
+    p.add_argument("config", nargs="?", help="experiment YAML")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key")
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=DEFAULT_RUNS,
+        help=f"releases (default {DEFAULT_RUNS}; 1: the one-run audit of Steinke et al.)",
+    )
+    p.add_argument(
+        "--canaries", type=int, help="canaries per release (one run only; default 1 / 500)"
+    )
+    p.add_argument(
+        "--participation",
+        default="hidden",
+        help=f"{' or '.join(PARTICIPATION)}: whether the adversary is told who took part",
+    )
+    p.add_argument("--confidence", type=float, default=0.95, help="one-sided (default 0.95)")
+    p.add_argument("--seed", type=int, default=0, help="the audit's seed")
+    p.add_argument("--out", help="result directory (default: runs/audit-NAME-TIME)")
+    p.add_argument("--overwrite", action="store_true", help="replace the audit in --out")
+    p.set_defaults(func=cmd_audit)
