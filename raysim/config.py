@@ -56,8 +56,8 @@ def shorten(text: str, limit: int = MESSAGE_LIMIT) -> str:
     """``text`` cut to ``limit`` characters, the cut said with how much was left out."""
     if len(text) <= limit:
         return text
-    tail = f"... ({len(text) - limit} more characters)"
-    return text[: limit - len(tail)] + tail
+    keep = limit - len(f"... ({len(text)} more characters)")  # the tail at its longest
+    return f"{text[:keep]}... ({len(text) - keep} more characters)"
 
 
 class ConfigError(ValueError):
@@ -785,6 +785,7 @@ def _not_a(kind: str, path: Path) -> str:
         return f"{str(path)!r} is a directory, not a {kind}"
     mode = path.stat().st_mode
     what = "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+    what = "a file" if stat.S_ISREG(mode) else what
     return f"{str(path)!r} is {what}, not a {kind}"
 
 

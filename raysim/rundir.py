@@ -37,7 +37,8 @@ HOME_FILES = frozenset({MARKER, "comparison.png", "compare.md", "compare.json"})
 # Directories of the system, never written in at any depth (the real path, symlinks followed).
 SYSTEM_TREES = (
     "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
-    "/sbin", "/sys",
+    "/sbin", "/sys", "/usr/bin", "/usr/include", "/usr/lib", "/usr/lib32", "/usr/lib64",
+    "/usr/libexec", "/usr/sbin", "/usr/share", "/var/cache", "/var/lib", "/var/log", "/var/spool",
 )  # fmt: skip
 # Directories whose own entries are the system's or other users' (/usr/local, /var/log, /home/x):
 # raysim writes neither in them nor in a new directory of their own; deeper is the user's own
