@@ -101,8 +101,8 @@ def check_home(home: Path, flag: str = "--out") -> None:
     run's comparison.png, a compare's compare.md) must be new, empty or made by raysim: a
     directory of the user's own keeps its comparison.png."""
     check_place(home, flag)
-    if home.exists() and not home.is_dir():
-        raise ConfigError(f"{flag} {str(home)!r} exists and is not a directory")
+    if home.exists() and not home.is_dir():  # the runs would go below a file
+        raise ConfigError(f"{flag}: {str(home)!r} exists and is not a directory")
     if home.is_dir() and any(home.iterdir()) and not _raysim_made(home):
         raise ConfigError(
             f"{flag} {str(home)!r} is a non-empty directory that raysim did not make (it holds "
