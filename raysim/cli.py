@@ -25,6 +25,7 @@ from raysim.config import (
     dump_config,
     load_config,
 )
+from raysim.limits import check_schedule
 
 DEMO_ALGORITHMS = ("fedavg", "local", "rdpcfl")  # `raysim run` with no CONFIG: the demo
 
@@ -282,6 +283,8 @@ def run_experiments(args: argparse.Namespace) -> list[Path]:
     from raysim.experiment import prepare_apart
 
     rundir.out_flag(args.out)
+    if args.out:
+        rundir.check_place(Path(args.out))
     demo = args.config is None
     named = any(item.startswith("algorithm.name=") for item in args.set or [])
     default = DEMO_ALGORITHMS if demo and not named else []
@@ -292,6 +295,22 @@ def run_experiments(args: argparse.Namespace) -> list[Path]:
     if len(set(algorithms)) < len(algorithms):
         raise ConfigError(f"--algorithms: each at most once, got {args.algorithms!r}")
 
+    # Every config, validated here without torch (the model's own keys aside) and sized against
+    # this machine: a mistake in one, an impossible --out or a schedule that cannot fit is
+    # refused in a fraction of a second, before the prepare child and Ray's modules load.
+    path, sets = args.config or DEMO_CONFIG, list(args.set or [])
+    lean = [load_config(path, [*sets, f"algorithm.name={a}"], lean=True) for a in algorithms]
+    lean = lean or [load_config(path, sets, lean=True)]
+    for cfg in lean:
+        check_schedule(cfg)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(args.out) if args.out else Path("runs") / f"{lean[0].name}-{stamp}"
+    dirs = [base / c.algorithm.name for c in lean] if len(lean) > 1 else [base]
+    if len(dirs) > 1:  # base gets comparison.png: new, empty, or raysim's
+        rundir.check_home(base)
+    for out in dirs:  # refuse to overwrite results before anything runs
+        rundir.check_target(out, args.overwrite)
+
     def build() -> list[Any]:
         """Every config, prepared: every user mistake surfaces here, before Ray starts. Apart
         from this process (a forked child), which so never imports torch (docs/speed.md)."""
@@ -300,11 +319,6 @@ def run_experiments(args: argparse.Namespace) -> list[Path]:
 
     preps = prepare_apart(build, meanwhile=_load_run_modules)
     configs = [prep.cfg for prep in preps]
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(args.out) if args.out else Path("runs") / f"{configs[0].name}-{stamp}"
-    dirs = [base / c.algorithm.name for c in configs] if len(configs) > 1 else [base]
-    for out in dirs:  # refuse to overwrite results before anything runs
-        rundir.check_target(out, args.overwrite)
     from raysim.runtime.resources import check_before_local_ray
     from raysim.runtime.reuse import kept_actors
     from raysim.runtime.session import ensure_ray
@@ -317,6 +331,8 @@ def run_experiments(args: argparse.Namespace) -> list[Path]:
     made = [d for d in [base, *base.parents] if not d.exists()]
     started = ensure_ray(configs[0].runtime)  # one Ray session for all the runs
     try:
+        if len(dirs) > 1:
+            rundir.mark_home(base)
         with kept_actors():  # and one set of actors, renewed for each run
             for prep, out in zip(preps, dirs, strict=True):
                 run_one(prep, out, overwrite=args.overwrite)
@@ -335,8 +351,7 @@ def run_experiments(args: argparse.Namespace) -> list[Path]:
 
             ray.shutdown()
         for d in made:  # innermost first; e.g. a run refused once Ray was up
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
+            rundir.remove_if_unused(d)
     _print_results(dirs, base / "comparison.png" if len(dirs) > 1 else None)
     print(f"{len(dirs)} run(s) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return dirs
@@ -346,6 +361,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from raysim import rundir
     from raysim.audit.report import audit_line
     from raysim.metrics.results import plot_run
+    from raysim.rundir import error_text
 
     dirs: list[Path] = []
     for d in map(Path, args.run_dirs):
@@ -360,14 +376,26 @@ def cmd_report(args: argparse.Namespace) -> int:
         if not done and not unfinished:
             raise ConfigError(f"{str(d)!r} holds no run (no summary.json in it or below it)")
         dirs += done
-    if not dirs:
-        if all(audit_line(Path(d)) for d in args.run_dirs):
-            return 0
+    if not dirs and all(audit_line(Path(d)) for d in args.run_dirs):
+        return 0  # audits only: their lines are printed
+    readable = []
+    for d in dirs:  # a run whose files cannot be read is named and left out, not fatal
+        try:
+            plot_run(d)
+        except Exception as exc:  # noqa: BLE001 - any damage to a run's files
+            print(f"raysim: skipped {d}: cannot read it ({error_text(exc)})", file=sys.stderr)
+        else:
+            readable.append(d)
+    if not readable:
         raise ConfigError("no finished run to report (see above)")
-    for d in dirs:
-        plot_run(d)
-    many = len(args.run_dirs) == 1 and len(dirs) > 1 and Path(args.run_dirs[0]).is_dir()
-    _print_results(dirs, Path(args.run_dirs[0]) / "comparison.png" if many else None)
+    if len(readable) < len(dirs):
+        print(
+            f"raysim: reporting {len(readable)} of {len(dirs)} runs "
+            f"({len(dirs) - len(readable)} skipped, named above)",
+            file=sys.stderr,
+        )
+    many = len(args.run_dirs) == 1 and len(readable) > 1 and Path(args.run_dirs[0]).is_dir()
+    _print_results(readable, Path(args.run_dirs[0]) / "comparison.png" if many else None)
     return 0
 
 
@@ -375,26 +403,55 @@ def cmd_data(args: argparse.Namespace) -> int:
     from raysim.data import describe
     from raysim.experiment import build_dataset
 
-    cfg = _config(args)
     if args.data_command == "export":
-        return _export(build_dataset(cfg), Path(args.out))
-    print(describe(build_dataset(cfg)))
+        out = Path(args.out)
+        check_export(out, args.overwrite)  # before the data is built
+        return _export(build_dataset(_config(args)), out, args.overwrite)
+    print(describe(build_dataset(_config(args))))
     return 0
 
 
-def _export(population: Any, out: Path) -> int:
+def check_export(out: Path, overwrite: bool) -> None:
+    """``data export --out``: an .npz file in an existing directory of the user's, replaced
+    only with ``--overwrite``."""
+    from raysim.rundir import check_place
+
+    if out.suffix != ".npz":
+        raise ConfigError(f"--out: an .npz file, got {str(out)!r}")
+    check_place(out)
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out: directory {str(out.parent)!r} does not exist")
+    if out.is_dir() or (out.exists() and not out.is_file()):
+        raise ConfigError(f"--out {str(out)!r} exists and is not a file")
+    if out.exists() and not overwrite:
+        raise ConfigError(
+            f"--out {str(out)!r} already exists: pass --overwrite to replace it, or choose "
+            "another --out"
+        )
+
+
+def _export(population: Any, out: Path, overwrite: bool = False) -> int:
+    import tempfile
+
     import numpy as np
 
     from raysim.data.arrays import population_arrays
 
-    if out.suffix != ".npz":
-        raise ConfigError(f"--out: an .npz file, got {str(out)!r}")
-    if not out.parent.is_dir():
-        raise ConfigError(f"--out: directory {str(out.parent)!r} does not exist")
+    check_export(out, overwrite)
     arrays = population_arrays(population)
-    partial = out.with_name(out.name + ".partial.npz")
-    np.savez(partial, **arrays)
-    partial.replace(out)  # a reader sees the whole file or none
+    # beside the target (one file system, so the rename is atomic), under a name of its own
+    fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial.npz", dir=out.parent)
+    partial = Path(name)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as a file the user writes (mkstemp's is 0600)
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        partial.replace(out)  # a reader sees the whole file or none
+    except BaseException:  # a full disk, Ctrl-C: no partial file is left behind
+        partial.unlink(missing_ok=True)
+        raise
     n = population.num_clients
     print(
         f"{out}: {len(arrays['y_train']) + len(arrays['y_test'])} rows of {n} clients; read it "
@@ -460,6 +517,7 @@ def parser() -> argparse.ArgumentParser:
     )
     with_config(export)
     export.add_argument("--out", required=True, help="the .npz file to write")
+    export.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     export.set_defaults(func=cmd_data)
 
     priv = sub.add_parser("privacy", help="calibrated noise and planned eps, without training")
@@ -501,9 +559,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("raysim: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - a failure of the run, not of the input
+        from raysim.config import shorten
         from raysim.rundir import error_text
 
-        print(f"raysim: run failed: {error_text(exc)}", file=sys.stderr)
+        print(f"raysim: run failed: {shorten(error_text(exc))}", file=sys.stderr)
         return 1
 
 

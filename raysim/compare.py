@@ -387,9 +387,10 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         if key in ("seed", "algorithm.name"):
             flag = "--seeds" if key == "seed" else "--algorithms"
             print(f"raysim compare: --set {item.strip()}: replaced by {flag}", file=sys.stderr)
-    from raysim.rundir import out_flag
+    from raysim import rundir
+    from raysim.limits import check_schedule
 
-    out_flag(args.out)
+    rundir.out_flag(args.out)
     if args.report_only and not args.out:
         raise ConfigError("--report-only re-reads an earlier compare: give its --out DIR")
     if args.report_only and not Path(args.out).is_dir():
@@ -397,13 +398,18 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     if args.jobs < 1 or (args.jobs > 1 and not args.inline):
         msg = f"--jobs: expected 1, or a count above 1 with --inline; got {args.jobs}"
         raise ConfigError(msg + ("" if args.inline else " without --inline"))
+    if args.out:
+        rundir.check_place(Path(args.out))
     configs = configs_of(args.config, list(args.set or []), algorithms, seeds)
+    for cfg in configs[:: len(seeds)]:  # a schedule this machine cannot hold: refused now
+        check_schedule(cfg)
     if args.resume and (args.overwrite or not args.out):
         raise ConfigError(
             "--resume: continues the runs in --out DIR; give --out, and not --overwrite"
         )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / f"compare-{configs[0].name}-{stamp}"
+    rundir.check_home(out)  # its compare.md is written in a directory of raysim's only
     failed: list[str] = []
     if not args.report_only:
         # never overwrite results unasked, and refuse before anything runs
@@ -416,8 +422,14 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
             for a, cs in by_name.items()
         ]
         check_budgets(firsts, what="algorithms")
+        fresh = not out.exists()
         try:
+            rundir.mark_home(out)
             failed = run_all([j for j in jobs if j], out, args.inline, args.overwrite, args.jobs)
+        except ConfigError:
+            if fresh:
+                rundir.remove_if_unused(out)
+            raise
         except KeyboardInterrupt:
             given = _without_out(list(argv if argv is not None else sys.argv[1:]))
             again = ["raysim", "compare", *given, "--out", str(out), "--resume"]
@@ -435,7 +447,7 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         text += "\n\nNot in the table, unfinished (continue them: `raysim compare` with this "
         text += "--out and --resume):"
         text += "".join(f"\n- {u.path}: after round {u.rounds_done}" for u in unfinished)
-    out.mkdir(parents=True, exist_ok=True)
+    rundir.mark_home(out)
     (out / "compare.md").write_text(text + "\n")
     (out / "compare.json").write_text(json.dumps(runs, indent=1, default=str))
     print(text)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import reprlib
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from types import UnionType
@@ -29,10 +31,41 @@ DATASETS = ("digits", "fmnist", "mnist", "synthetic_linear", "cifar10", "npz")
 SHIFTS = ("none", "rotation", "label_flip")
 PRIVACY_MODES = ("none", "sample", "client", "distributed", "dprivacy")  # raysim.modes
 DEMO_CONFIG = Path(__file__).with_name("demo.yaml")  # the default experiment
+# The most rounds a config may ask for. Every round leaves records that the run keeps to its end
+# (a metrics row, the noise schedule's phase, the privacy ledger's charges), so a run's memory
+# grows with its rounds; the longest runs of the papers raysim reproduces are a few thousand.
+MAX_ROUNDS = 100_000
+MESSAGE_LIMIT = 2048  # characters of a user-mistake message: one screen, whatever the input
+MAX_ERRORS = 20  # validation errors listed in one message; the count of the rest follows
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxdict = _BRIEF.maxset = 6
+_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxlong = 2, 60, 60, 40
+
+
+def brief(value: Any) -> str:
+    """``repr(value)`` cut short (reprlib): a value echoed in a message, however large it is (a
+    YAML alias bomb is a list of lists nested a dozen deep), costs a few dozen characters."""
+    text = _BRIEF.repr(value)
+    if isinstance(value, list | tuple | dict) and len(value) > _BRIEF.maxlist:
+        text += f" ({len(value)} items)"
+    return text
+
+
+def shorten(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, the cut said with how much was left out."""
+    if len(text) <= limit:
+        return text
+    keep = limit - len(f"... ({len(text)} more characters)")  # the tail at its longest
+    return f"{text[:keep]}... ({len(text) - keep} more characters)"
 
 
 class ConfigError(ValueError):
-    """A user mistake in the experiment config (CLI exit code 2)."""
+    """A user mistake in the experiment config (CLI exit code 2). Its message is cut to
+    ``MESSAGE_LIMIT`` characters, so that no input makes it longer than a screen."""
+
+    def __init__(self, message: object = "", *args: object) -> None:
+        super().__init__(shorten(str(message)), *args)
 
 
 class ConfigModel(BaseModel):
@@ -131,12 +164,12 @@ class DataConfig(_Section):
         root = None if self.root is None else Path(self.root)
         if self.dataset == "npz":  # the researcher's own arrays (raysim.data.arrays)
             if root is None or not root.is_file():
+                why = "none is given" if root is None else _not_a("file", root)
                 raise ValueError(
-                    f"data.root: dataset npz reads the .npz file data.root names; "
-                    f"{'none is given' if root is None else f'there is no file {self.root!r}'}"
+                    f"data.root: dataset npz reads the .npz file data.root names; {why}"
                 )
         elif root is not None and not root.is_dir():
-            raise ValueError(f"data.root: data directory {self.root!r} does not exist")
+            raise ValueError(f"data.root: {_not_a('directory', root)} (the data directory)")
         return self
 
     @model_validator(mode="before")
@@ -157,15 +190,17 @@ class DataConfig(_Section):
             if len(w) != k or any(len(row) != self.dim for row in w):
                 raise ValueError(
                     f"true_weights must be {k} row(s) (one per cluster) of dim={self.dim} "
-                    f"numbers, got {w}"
+                    f"numbers, got {brief(w)}"
                 )
             if not all(math.isfinite(v) for row in w for v in row):
-                raise ValueError(f"true_weights must be finite, got {w}")
+                raise ValueError(f"true_weights must be finite, got {brief(w)}")
         if self.true_bias is not None:
             if self.true_weights is None:
                 raise ValueError("true_bias needs true_weights (drawn weights draw their bias)")
             if len(self.true_bias) != k or not all(math.isfinite(v) for v in self.true_bias):
-                raise ValueError(f"true_bias must be {k} finite number(s), got {self.true_bias}")
+                raise ValueError(
+                    f"true_bias must be {k} finite number(s), got {brief(self.true_bias)}"
+                )
         return self
 
     @model_validator(mode="after")
@@ -174,7 +209,7 @@ class DataConfig(_Section):
             raise ValueError("give cluster_sizes or cluster_ratios, not both")
         if self.cluster_sizes is not None and sum(self.cluster_sizes) != self.num_clients:
             raise ValueError(
-                f"cluster_sizes {self.cluster_sizes} add up to {sum(self.cluster_sizes)}, "
+                f"cluster_sizes {brief(self.cluster_sizes)} add up to {sum(self.cluster_sizes)}, "
                 f"not num_clients={self.num_clients}"
             )
         return self
@@ -192,11 +227,20 @@ class ModelConfig(ConfigModel):
     model_config = ConfigDict(extra="allow", validate_assignment=True)
     name: str = "cnn"
 
+    @field_validator("name")
+    @classmethod
+    def _importable_name(cls, v: str) -> str:
+        if ":" in v:
+            check_import_path(v, "model.name")
+        return v
+
     @model_validator(mode="before")
     @classmethod
-    def _legacy_hidden(cls, data: Any) -> Any:
+    def _legacy_hidden(cls, data: Any, info: ValidationInfo) -> Any:
         # Configs written before models took arbitrary keys dump `hidden: 64` (the old default)
         # for every model; drop it where the model has no such key so old runs still resume.
+        if _lean(info):
+            return data
         if isinstance(data, dict) and data.get("hidden") == 64:
             from raysim.models.spec import model_keys
 
@@ -208,7 +252,9 @@ class ModelConfig(ConfigModel):
         return data
 
     @model_validator(mode="after")
-    def _known_keys(self) -> ModelConfig:
+    def _known_keys(self, info: ValidationInfo) -> ModelConfig:
+        if _lean(info):  # the builders' signatures are read with torch loaded
+            return self
         from raysim.models.spec import check_model_kwargs
 
         check_model_kwargs(self.name, self.model_extra or {})
@@ -227,6 +273,13 @@ class AlgorithmConfig(ConfigModel):
     server_momentum: float = Field(0.0, ge=0, lt=1)  # sgd's (FedAvgM)
     server_betas: tuple[float, float] = (0.9, 0.99)  # adam's
     server_tau: float = Field(1e-3, gt=0)  # adam's and adagrad's adaptivity (torch's eps)
+
+    @field_validator("name")
+    @classmethod
+    def _importable_name(cls, v: str) -> str:
+        if ":" in v:
+            check_import_path(v, "algorithm.name")
+        return v
 
     @field_validator("server_betas")
     @classmethod
@@ -361,7 +414,7 @@ class TrainingConfig(_Section):
         if not rates or not all(0 <= r < 1 for r in rates):
             raise ValueError(
                 f"expected a probability in [0, 1), or a list of them (one per true cluster), "
-                f"got {v!r}"
+                f"got {brief(v)}"
             )
         return v
 
@@ -432,7 +485,13 @@ class RuntimeConfig(_Section):
 
 class ExperimentConfig(_Section):
     name: str = "experiment"
-    rounds: int = Field(20, gt=0)
+    rounds: int = Field(
+        20,
+        gt=0,
+        le=MAX_ROUNDS,
+        description="a run keeps a few records per round to its end (metrics, the noise "
+        "schedule, the privacy ledger): its memory grows with its rounds",
+    )
     seed: int = Field(0, ge=0)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -440,6 +499,19 @@ class ExperimentConfig(_Section):
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        """The name is a directory's (runs/NAME-TIME): it must stay one directory, in runs/."""
+        bad = [c for c in ("/", "\\", "\0") if c in v]
+        if not v.strip() or ".." in v or bad or len(v) > 128 or v.startswith((".", "-")):
+            raise ValueError(
+                "must be a plain name of at most 128 characters (it names the run's directory "
+                "under runs/): no path separator (/ or \\), no '..', not starting with '.' or "
+                f"'-' (got {brief(v)})"
+            )
+        return v
 
     def evaluated_after(self, round: int) -> bool:
         """Whether the clients are evaluated after ``round``: every ``training.eval_every``
@@ -530,16 +602,36 @@ def did_you_mean(word: object, choices: Iterable[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def check_import_path(path: str, field: str) -> None:
+    """A ``module:Name`` value must be an absolute module path and a name (a relative import,
+    ``..os:system``, has no package to be relative to): ValueError naming ``field``."""
+    module, _, attr = path.partition(":")
+    if not (_DOTTED.fullmatch(module) and attr.isidentifier()):
+        raise ValueError(
+            f"{field}: {brief(path)} is not module:Name (an absolute, dotted module path, a "
+            "colon, then a name in that module, e.g. mypackage.mymodule:MyClass)"
+        )
+
+
 def import_named(path: str, field: str) -> Any:
     """What a ``module:Name`` value (an algorithm or a model of the user's own) names; a
     ``ConfigError`` naming ``field`` where it cannot be imported."""
     import importlib
 
+    try:
+        check_import_path(path, field)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     module, _, attr = path.partition(":")
     try:
         return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"{field}: cannot import {path!r}: {exc}") from None
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"{field}: cannot import {brief(path)}: {shorten(str(exc), 300)}"
+        ) from None
 
 
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
@@ -551,6 +643,21 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
             return []
         model = sub
     return list(model.model_fields)
+
+
+def _description(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """The ``description`` of the field ``loc`` points at (why its bounds are what they are)."""
+    for i, part in enumerate(loc):
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        if i == len(loc) - 1:
+            return field.description
+        sub = field.annotation
+        if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
+            return None
+        model = sub
+    return None
 
 
 _BOUNDS = {
@@ -584,12 +691,14 @@ def error_message(err: dict[str, Any], model: type[BaseModel], loc: tuple[Any, .
         return f"unknown field{hint}" + (f" (allowed: {', '.join(fields)})" if fields else "")
     if kind == "literal_error":
         allowed = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
-        return f"got {got!r}; allowed: {', '.join(allowed)}{did_you_mean(got, allowed)}"
+        hint = did_you_mean(got, allowed) if isinstance(got, str) and len(got) < 100 else ""
+        return f"got {brief(got)}; allowed: {', '.join(allowed)}{hint}"
     if kind in _BOUNDS:
         bound = next(iter(ctx.values()), "?")
-        return f"must be {_BOUNDS[kind]} {bound} (got {got!r})"
+        why = _description(model, loc)
+        return f"must be {_BOUNDS[kind]} {bound} (got {brief(got)})" + (f": {why}" if why else "")
     if kind in _TYPES:
-        return f"must be {_TYPES[kind]} (got {got!r})"
+        return f"must be {_TYPES[kind]} (got {brief(got)})"
     if kind == "missing":
         return "is required"
     return err["msg"].removeprefix("Value error, ")
@@ -598,22 +707,35 @@ def error_message(err: dict[str, Any], model: type[BaseModel], loc: tuple[Any, .
 def format_validation_error(
     exc: ValidationError, model: type[BaseModel] | None = None, prefix: str = ""
 ) -> str:
-    """Every error as "field: message", the field a dotted config key (``prefix`` first)."""
+    """Every error as "field: message", the field a dotted config key (``prefix`` first); the
+    first ``MAX_ERRORS`` of them, then how many more (a list of 200k wrong items has as many)."""
     lines = []
-    for err in exc.errors():
+    errors = exc.errors(include_url=False, include_context=True, include_input=True)
+    for err in errors[:MAX_ERRORS]:
         loc = tuple(err["loc"])
         field = ".".join(str(p) for p in ((prefix,) if prefix else ()) + loc) or "config"
         msg = err["msg"].removeprefix("Value error, ")
-        if msg.startswith(f"{field}."):  # the message names the exact key (model.<key>)
+        if msg.startswith((f"{field}.", f"{field}:")):  # it names the key (model.<key>)
             lines.append(msg)
             continue
-        lines.append(f"{field}: {error_message(err, model or ExperimentConfig, loc)}")
-    return "invalid config:\n  " + "\n  ".join(lines)
+        lines.append(shorten(f"{field}: {error_message(err, model or ExperimentConfig, loc)}", 400))
+    if len(errors) > MAX_ERRORS:
+        lines.append(f"... and {len(errors) - MAX_ERRORS} more errors")
+    return shorten("invalid config:\n  " + "\n  ".join(lines))
 
 
-def build_config(raw: dict[str, Any]) -> ExperimentConfig:
-    try:
-        return ExperimentConfig.model_validate(raw)
+def _lean(info: ValidationInfo) -> bool:
+    """Whether this validation leaves out the checks that need torch (``build_config(lean=)``)."""
+    return bool(info.context and info.context.get("lean"))
+
+
+def build_config(raw: dict[str, Any], lean: bool = False) -> ExperimentConfig:
+    """``raw`` validated. ``lean``: without the checks that load torch (a model's own keys,
+    read from its builder's signature), for a driver that refuses a mistake before it forks the
+    process that prepares the run (and must never import torch itself)."""
+    try:  # lean first: a mistake elsewhere is refused without loading torch (~1.5 s, 150 MB)
+        cfg = ExperimentConfig.model_validate(raw, context={"lean": True})
+        return cfg if lean else ExperimentConfig.model_validate(raw, context={"lean": False})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
 
@@ -623,12 +745,20 @@ def _host_port(address: str) -> bool:
     return bool(host) and port.isdigit()
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Read YAML (or the defaults when path is None), apply overrides, validate."""
+def load_config(
+    path: str | Path | None, overrides: list[str] | None = None, lean: bool = False
+) -> ExperimentConfig:
+    """Read YAML (or the defaults when path is None), apply overrides, validate (``lean``: see
+    ``build_config``). An empty file is refused: it would run the built-in defaults (100
+    clients) where the user likely meant the demo."""
     raw: dict[str, Any] = {}
     if path is not None:
-        raw = read_yaml_mapping(Path(path), "config file", "of sections")
-    return build_config(apply_overrides(raw, overrides or []))
+        empty = (
+            "; `raysim run` with no CONFIG runs the demo, and a file holding `{}` runs the "
+            "built-in defaults"
+        )
+        raw = read_yaml_mapping(Path(path), "config file", "of sections", empty=empty)
+    return build_config(apply_overrides(raw, overrides or []), lean=lean)
 
 
 class _UniqueKeys(yaml.SafeLoader):
@@ -647,19 +777,34 @@ class _UniqueKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def read_yaml_mapping(path: Path, what: str, holding: str = "") -> dict[str, Any]:
+def _not_a(kind: str, path: Path) -> str:
+    """Why ``path`` is not the file or directory (``kind``) asked for: missing, or what it is."""
+    if not path.exists():
+        return f"{str(path)!r} does not exist"
+    if path.is_dir():
+        return f"{str(path)!r} is a directory, not a {kind}"
+    mode = path.stat().st_mode
+    what = "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+    what = "a file" if stat.S_ISREG(mode) else what
+    return f"{str(path)!r} is {what}, not a {kind}"
+
+
+def read_yaml_mapping(path: Path, what: str, holding: str = "", empty: str = "") -> dict[str, Any]:
     """The mapping a YAML file holds; ConfigError naming ``what`` and the path otherwise (a
-    directory, a missing file, not UTF-8, not YAML, not a mapping)."""
+    directory, a device, a missing or empty file, not UTF-8, not YAML, not a mapping).
+    ``empty``: what to add to the message for an empty file. A pipe (``<(...)``) is read."""
     if path.is_dir():
         raise ConfigError(f"{what} {str(path)!r} is a directory: give the YAML file in it")
-    if not path.is_file():
-        raise ConfigError(f"{what} {str(path)!r} does not exist")
+    if not (path.is_file() or path.is_fifo()):
+        raise ConfigError(f"{what} {_not_a('file', path)}")
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeys) or {}
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeys)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{what} {str(path)!r} is not UTF-8 text: {exc}") from None
+    if raw is None:
+        raise ConfigError(f"{what} {str(path)!r} is empty (it holds no YAML){empty}")
     if not isinstance(raw, dict):
         raise ConfigError(f"{what} {str(path)!r} must hold a mapping {holding}".rstrip())
     return raw

@@ -7,6 +7,7 @@ never imports an algorithm.
 
 from __future__ import annotations
 
+import math
 import mmap
 import multiprocessing
 import os
@@ -24,6 +25,7 @@ import numpy as np
 from raysim import privacy as privacy_lib
 from raysim.config import ConfigError, ExperimentConfig, with_client_seed
 from raysim.data import FederatedDataset, build_federated_dataset
+from raysim.limits import check_schedule
 from raysim.privacy import BudgetError, PrivacyConfigError
 from raysim.runtime import zygote
 from raysim.runtime.sealed import Sealed
@@ -87,7 +89,35 @@ def check_against_data(cfg: ExperimentConfig, ds: FederatedDataset) -> None:
         )
 
 
+_SAID: set[str] = set()  # notes said once per process (a compare prepares a config twice)
+
+
+def note_renormalised_ratios(cfg: ExperimentConfig) -> None:
+    """Say so where ``data.cluster_ratios`` read as shares (each at most 1) do not add up to 1:
+    they are taken as proportions (``[2, 1, 1]`` is half, a quarter, a quarter, by design), and
+    ``[0.5, 0.6]`` silently became 5:6 where 0.5 + 0.5 may have been meant."""
+    from raysim.config import brief
+    from raysim.data.partition import sizes_from_ratios
+
+    ratios = cfg.data.cluster_ratios
+    if not ratios or max(ratios) > 1 or math.isclose(sum(ratios), 1.0, rel_tol=1e-9):
+        return
+    total = sum(ratios)
+    shares = ", ".join(f"{r / total:.3g}" for r in ratios[:8]) + (
+        ", ..." if len(ratios) > 8 else ""
+    )
+    sizes = sizes_from_ratios(cfg.data.num_clients, ratios)
+    note = (
+        f"raysim: data.cluster_ratios {brief(ratios)} add up to {total:.6g}, not 1: taken as "
+        f"proportions, shares {shares} (cluster sizes {brief(sizes)})"
+    )
+    if note not in _SAID:
+        _SAID.add(note)
+        print(note, file=sys.stderr)
+
+
 def build_dataset(cfg: ExperimentConfig) -> FederatedDataset:
+    note_renormalised_ratios(cfg)
     try:
         return build_federated_dataset(cfg.data, cfg.seed)
     except ValueError as exc:  # DataNotFoundError and impossible partitions: user input
@@ -98,6 +128,7 @@ def prepare(cfg: ExperimentConfig, algorithm_cls: Callable[[Any], Any], env_cls:
     """Build data, model initialisation and the algorithm (which calibrates its noise). The
     clients' seed is taken out of the config first: the algorithm, whose server step is the
     server's code, never sees it."""
+    check_schedule(cfg)  # before anything is built
     if cfg.runtime.forks_workers:  # before any torch operation
         zygote.fork_planned()
     given, cfg = cfg.privacy.client_seed, with_client_seed(cfg, None)

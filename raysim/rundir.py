@@ -31,6 +31,21 @@ from raysim.config import ConfigError
 
 SUFFIX = ".incomplete"
 STATUS = "status.json"
+# In a directory raysim made to hold several runs and the files about them (a multi-algorithm
+# run's comparison.png, a compare's table): only such a directory gets those files written in.
+MARKER = ".raysim"
+# What raysim writes beside the runs in such a directory (a multi-algorithm run, a compare).
+HOME_FILES = frozenset({MARKER, "comparison.png", "compare.md", "compare.json"})
+# Directories of the system, never written in at any depth (the real path, symlinks followed).
+SYSTEM_TREES = (
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
+    "/sbin", "/sys", "/usr/bin", "/usr/include", "/usr/lib", "/usr/lib32", "/usr/lib64",
+    "/usr/libexec", "/usr/sbin", "/usr/share", "/var/cache", "/var/lib", "/var/log", "/var/spool",
+)  # fmt: skip
+# Directories whose own entries are the system's or other users' (/usr/local, /var/log, /home/x):
+# raysim writes neither in them nor in a new directory of their own; deeper is the user's own
+# (/usr/src/app/runs in a container, /var/tmp/x, /home/me/runs).
+SYSTEM_TOPS = ("/", "/usr", "/var", "/opt", "/srv", "/home", "/mnt", "/media")
 
 
 def staging_dir(out: Path) -> Path:
@@ -46,9 +61,78 @@ def _is_run(path: Path) -> bool:
     return (path / "config.yaml").is_file()
 
 
+def check_place(path: Path, flag: str = "--out") -> None:
+    """Refuse (ConfigError naming ``flag``) a path in a system directory (``SYSTEM_TREES``), or
+    that is or would be an entry of one of ``SYSTEM_TOPS`` (``--out /`` wrote /fedavg, /local...),
+    whether given as is or reached through a symlink."""
+    given = Path(os.path.abspath(path))
+    for p in dict.fromkeys((given, given.resolve())):
+        tree = next((t for t in SYSTEM_TREES if p == Path(t) or Path(t) in p.parents), None)
+        top = next((t for t in SYSTEM_TOPS if p == Path(t) or p.parent == Path(t)), None)
+        if tree is not None or top is not None:
+            where = (
+                f"in the system directory {tree}"
+                if tree
+                else ("a system directory" if p == Path(top) else f"directly in {top}")
+            )
+            seen = "" if p == given else f" (it leads to {str(p)!r})"
+            raise ConfigError(
+                f"{flag} {str(path)!r} is {where}{seen}: raysim writes results only in a "
+                f"directory of yours (the default is runs/ in the current directory): choose "
+                f"another {flag}"
+            )
+
+
+def _raysim_made(path: Path, depth: int = 2) -> bool:
+    """Whether ``path`` is a directory raysim made: a run, a run's staging directory, one that
+    holds its marker, or (``depth`` levels down; made before the marker) one that holds only
+    those and the files raysim writes beside runs."""
+    if not path.is_dir() or path.is_symlink():
+        return False
+    if _is_run(path) or path.name.endswith(SUFFIX) or (path / MARKER).is_file():
+        return True
+    if depth == 0:
+        return False
+    return all(
+        p.name in HOME_FILES and p.is_file() or _raysim_made(p, depth - 1) for p in path.iterdir()
+    )
+
+
+def check_home(home: Path, flag: str = "--out") -> None:
+    """The directory that will hold several runs and the files about them (a multi-algorithm
+    run's comparison.png, a compare's compare.md) must be new, empty or made by raysim: a
+    directory of the user's own keeps its comparison.png."""
+    check_place(home, flag)
+    if home.exists() and not home.is_dir():  # the runs would go below a file
+        raise ConfigError(f"{flag}: {str(home)!r} exists and is not a directory")
+    if home.is_dir() and any(home.iterdir()) and not _raysim_made(home):
+        raise ConfigError(
+            f"{flag} {str(home)!r} is a non-empty directory that raysim did not make (it holds "
+            f"files other than runs, and no {MARKER}): several runs and their comparison go into "
+            f"a new directory: choose another {flag}"
+        )
+
+
+def mark_home(home: Path) -> None:
+    """Make ``home`` (checked by ``check_home``) and mark it as raysim's."""
+    home.mkdir(parents=True, exist_ok=True)
+    marker = home / MARKER
+    if not marker.is_file():
+        marker.write_text("made by raysim to hold runs and the files about them\n")
+
+
+def remove_if_unused(path: Path) -> None:
+    """Remove ``path`` if it holds nothing, or only raysim's marker (a run that never started)."""
+    if path.is_dir() and all(p.name == MARKER for p in path.iterdir()):
+        (path / MARKER).unlink(missing_ok=True)
+        path.rmdir()
+
+
 def check_target(out: Path, overwrite: bool) -> None:
     """Refuse (ConfigError) to write a run onto existing results unless ``overwrite``; never
-    replace a non-empty directory that is not a run, even then."""
+    replace a non-empty directory that is not a run, even then; never write in a system
+    directory (``check_place``)."""
+    check_place(out)
     stage = staging_dir(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} exists and is not a directory")

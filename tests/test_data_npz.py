@@ -194,8 +194,10 @@ def test_a_missing_or_unreadable_file_is_a_config_error(tmp_path):
     (tmp_path / "not.npz").write_text("not a zip")
     with pytest.raises(ValueError, match="data.root: dataset npz reads"):
         DataConfig(dataset="npz")
-    with pytest.raises(ValueError, match="there is no file"):
+    with pytest.raises(ValueError, match="is a directory, not a file"):
         DataConfig(dataset="npz", root=str(tmp_path))
+    with pytest.raises(ValueError, match="does not exist"):
+        DataConfig(dataset="npz", root=str(tmp_path / "none.npz"))
     cfg = load_config(None, ["data.dataset=npz", f"data.root={tmp_path / 'not.npz'}"])
     with pytest.raises(ConfigError, match="not a readable .npz file"):
         build_dataset(cfg)

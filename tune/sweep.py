@@ -195,11 +195,16 @@ def check_trials_start(sweep: Sweep) -> None:
     choice values, each range at its two ends, or each value alone past MAX_PREPARED."""
     from raysim.compare import check_budgets, for_algorithm
     from raysim.config import dump_config
+    from raysim.limits import check_schedule
 
     # one of each config: e.g. fedavg's trials that differ only in keys it leaves out
     distinct: dict[str, tuple[str, Any]] = {}
     for params in trial_variants(sweep.space, MAX_PREPARED):
         cfg = for_algorithm(trial_config(sweep.base, params), quiet=True)
+        try:  # a schedule this machine cannot hold: refused before any trial is prepared
+            check_schedule(cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"trial {label(params) or '(the base config)'}: {exc}") from None
         distinct.setdefault(dump_config(cfg), (label(params), cfg))
     count = combinations(sweep.space)
     how = f" (of {count} combinations, each value alone)" if count > MAX_PREPARED else ""
@@ -228,6 +233,9 @@ def check_out(out: Path, args: argparse.Namespace) -> None:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the sweep in --out; --overwrite replaces it")
+    from raysim.rundir import check_place
+
+    check_place(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} exists and is not a directory")
     held = out.is_dir() and any(out.iterdir())

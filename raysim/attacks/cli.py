@@ -73,8 +73,10 @@ def cmd_attack_dlg(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
-    if args.data_root is not None and not Path(args.data_root).expanduser().is_dir():
-        raise ConfigError(f"--data-root {args.data_root!r} does not exist")  # none is made
+    root = None if args.data_root is None else Path(args.data_root).expanduser()
+    if root is not None and not root.is_dir():  # none is made
+        why = "is not a directory" if root.exists() else "does not exist"
+        raise ConfigError(f"--data-root {args.data_root!r} {why}")
     from raysim.rundir import out_flag
 
     out = (
@@ -106,8 +108,11 @@ def cmd_attack_dlg(args: argparse.Namespace) -> int:
 
 
 def check_out(out: Path, overwrite: bool) -> None:
-    """Refused before the grid runs: an --out that is a file, holds anything but an attack's
-    results, or holds an attack's results without --overwrite."""
+    """Refused before the grid runs: an --out in a system directory, that is a file, holds
+    anything but an attack's results, or holds an attack's results without --overwrite."""
+    from raysim.rundir import check_place
+
+    check_place(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} exists and is not a directory")
     if not out.is_dir() or not any(out.iterdir()):
