@@ -20,8 +20,8 @@ def test_version_is_the_installed_distribution(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0
-    assert capsys.readouterr().out.strip() == f"raysim {version('raysim')}"
-    assert raysim.__version__ == version("raysim-dpfl")
+    assert capsys.readouterr().out.strip() == f"raysim {version(raysim.DISTRIBUTION)}"
+    assert raysim.__version__ == version("raysim-dpfl") == version(raysim.DISTRIBUTION)
 
 
 def test_python_dash_m_raysim_is_the_command():
@@ -74,3 +74,15 @@ def test_an_unknown_kind_is_a_usage_error(capsys):
         main(["list", "models"])
     assert exit_.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_the_command_line_loads_without_torch():
+    """Every command's parser is built before a run's prepare child loads torch: a subcommand
+    that imports torch (or scipy) at registration slows every command's refusal by seconds."""
+    code = (
+        "import sys; from raysim.cli import parser; parser(); "
+        "print(sorted(m for m in ('torch', 'scipy', 'ray') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -14,8 +14,11 @@ ONE_RUN_CANARIES = 500  # --runs 1 without --canaries (capped at what the model'
 
 
 def check_out(out: Path, overwrite: bool) -> None:
-    """Refused before the audit runs: an --out that is a file, holds other files, or holds an
-    audit without --overwrite."""
+    """Refused before the audit runs: an --out in a system directory, one that is a file, holds
+    other files, or holds an audit without --overwrite."""
+    from raysim.rundir import check_place
+
+    check_place(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} exists and is not a directory")
     if not out.is_dir() or not any(out.iterdir()):
@@ -30,7 +33,7 @@ def check_out(out: Path, overwrite: bool) -> None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from raysim.audit.run import PARTICIPATION
+    from raysim.audit import PARTICIPATION
     from raysim.cli import _config, _prepare
     from raysim.config import dump_config
     from raysim.rundir import out_flag
@@ -79,7 +82,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def add_audit_parser(sub: argparse._SubParsersAction) -> None:
-    from raysim.audit.run import PARTICIPATION
+    from raysim.audit import PARTICIPATION
 
     p = sub.add_parser("audit", help="empirical lower bound on eps with canaries (docs/audit.md)")
     p.add_argument("config", nargs="?", help="experiment YAML")

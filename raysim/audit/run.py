@@ -16,12 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from raysim.audit import PARTICIPATION
 from raysim.audit.bounds import Bound, multi_run_bound, one_run_bound
 from raysim.audit.canaries import TARGETS, Target
 from raysim.config import ConfigError
 from raysim.seeding import SERVER, numpy_rng
-
-PARTICIPATION = ("hidden", "told")
 
 
 @dataclass
