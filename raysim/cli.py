@@ -279,8 +279,9 @@ def run_experiments(args: argparse.Namespace) -> list[Path]:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from raysim import rundir
-    from raysim.metrics.results import plot_run
+    from raysim.metrics.html_report import output_path, write_report
 
+    out = output_path(args.run_dirs, args.out, args.overwrite)  # refused before any reading
     dirs: list[Path] = []
     for d in map(Path, args.run_dirs):
         done, unfinished = rundir.find_runs(d)
@@ -293,10 +294,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         dirs += done
     if not dirs:
         raise ConfigError("no finished run to report (see above)")
-    for d in dirs:
-        plot_run(d)
-    many = len(args.run_dirs) == 1 and len(dirs) > 1 and Path(args.run_dirs[0]).is_dir()
-    _print_results(dirs, Path(args.run_dirs[0]) / "comparison.png" if many else None)
+    _print_results(dirs)
+    write_report(dirs, [Path(d) for d in args.run_dirs], out)
+    print(f"report: {out}", file=sys.stderr)
     return 0
 
 
@@ -374,9 +374,15 @@ def parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     rep = sub.add_parser(
-        "report", help="table (in %%) and plots of finished runs, or a directory of runs"
+        "report",
+        help="table (in %%) of finished runs, or a directory of runs, and one report.html",
     )
     rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a run, or a directory of runs")
+    rep.add_argument(
+        "--out",
+        help="the page to write (default: DIR-report.html beside DIR; several: report.html)",
+    )
+    rep.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     rep.set_defaults(func=cmd_report)
 
     data = sub.add_parser("data", help="inspect the federated population")
