@@ -360,9 +360,10 @@ def run_experiments(args: argparse.Namespace) -> list[Path]:
 def cmd_report(args: argparse.Namespace) -> int:
     from raysim import rundir
     from raysim.audit.report import audit_line
-    from raysim.metrics.results import plot_run
-    from raysim.rundir import error_text
+    from raysim.metrics.html_report import output_path, write_report
+    from raysim.metrics.results import load_run
 
+    out = output_path(args.run_dirs, args.out, args.overwrite)  # refused before any reading
     dirs: list[Path] = []
     for d in map(Path, args.run_dirs):
         if (line := audit_line(d)) is not None:  # an audit's directory (raysim audit)
@@ -381,9 +382,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     readable = []
     for d in dirs:  # a run whose files cannot be read is named and left out, not fatal
         try:
-            plot_run(d)
+            load_run(d)
         except Exception as exc:  # noqa: BLE001 - any damage to a run's files
-            print(f"raysim: skipped {d}: cannot read it ({error_text(exc)})", file=sys.stderr)
+            print(
+                f"raysim: skipped {d}: cannot read it ({rundir.error_text(exc)})", file=sys.stderr
+            )
         else:
             readable.append(d)
     if not readable:
@@ -394,8 +397,9 @@ def cmd_report(args: argparse.Namespace) -> int:
             f"({len(dirs) - len(readable)} skipped, named above)",
             file=sys.stderr,
         )
-    many = len(args.run_dirs) == 1 and len(readable) > 1 and Path(args.run_dirs[0]).is_dir()
-    _print_results(readable, Path(args.run_dirs[0]) / "comparison.png" if many else None)
+    _print_results(readable)
+    write_report(readable, [Path(d) for d in args.run_dirs], out)
+    print(f"report: {out}", file=sys.stderr)
     return 0
 
 
@@ -502,9 +506,15 @@ def parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     rep = sub.add_parser(
-        "report", help="table (in %%) and plots of finished runs, or a directory of runs"
+        "report",
+        help="table (in %%) of finished runs, or a directory of runs, and one report.html",
     )
     rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a run, or a directory of runs")
+    rep.add_argument(
+        "--out",
+        help="the page to write (default: DIR-report.html beside DIR; several: report.html)",
+    )
+    rep.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     rep.set_defaults(func=cmd_report)
 
     data = sub.add_parser("data", help="inspect the federated population")

@@ -155,10 +155,11 @@ def test_run_end_to_end_writes_every_result_file(ray_session, tmp_path, capsys):
     assert list(startup.values()) == sorted(startup.values())
     privacy = pq.read_table(out / "privacy.parquet").to_pandas()
     assert set(privacy["client"]) == set(range(8))
-    # report re-reads the run and redraws the plots
-    (out / "accuracy.png").unlink()
+    # report re-reads the run into a page beside it, and writes nothing into the run
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir())
     assert main(["report", str(out)]) == 0
-    assert (out / "accuracy.png").is_file()
+    assert (tmp_path / "run-report.html").is_file()
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir()) == before
     assert "fedavg" in capsys.readouterr().out
 
 

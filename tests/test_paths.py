@@ -199,8 +199,9 @@ def test_report_skips_and_names_a_run_it_cannot_read(tmp_path, capsys):
     assert f"skipped {bad}: cannot read it" in captured.err
     assert "reporting 2 of 3 runs" in captured.err
     assert str(good) in captured.out and "broken" not in captured.out
-    assert (tmp_path / "runs" / "comparison.png").is_file()
+    assert (tmp_path / "runs-report.html").is_file()  # beside the runs, not in them
+    assert not (tmp_path / "runs" / "comparison.png").exists()
     (good / "metrics.parquet").write_bytes(b"")
     (tmp_path / "runs" / "local" / "summary.json").write_text("{not json")
-    assert main(["report", str(tmp_path / "runs")]) == 2  # nothing left to report
+    assert main(["report", str(tmp_path / "runs"), "--overwrite"]) == 2  # nothing left
     assert "no finished run to report" in capsys.readouterr().err

@@ -126,7 +126,8 @@ def test_report_accepts_a_directory_of_runs(ray_session, tmp_path, capsys):
     assert str(out / "fedavg") in text and str(out / "local") in text
     assert "All %" in text and "accuracy in %" in text
     assert "∞ (no DP)" in text and "0.00" not in text  # a non-private run is not "eps 0"
-    assert (out / "comparison.png").is_file()
+    assert not (out / "comparison.png").exists()  # nothing written into what it reads
+    assert (tmp_path / "demo-report.html").is_file()  # the plots are in the page beside it
     # nor in its files: eps is missing (null, NaN), its ledger has its columns and no row
     summary = json.loads((out / "fedavg" / "summary.json").read_text())
     assert summary["epsilon"] is None and summary["epsilon_budget"] is None
