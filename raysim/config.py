@@ -108,26 +108,97 @@ class _Section(ConfigModel):
 
 
 class DataConfig(_Section):
-    dataset: str = "digits"
-    num_clients: int = Field(100, gt=0)
-    cluster_sizes: list[int] | None = None
-    cluster_ratios: list[float] | None = None
-    shift: Literal["none", "rotation", "label_flip"] = "rotation"
-    dirichlet_alpha: float | None = Field(None, gt=0)
-    samples_per_client: int | None = Field(None, gt=0)
-    train_fraction: float = Field(0.8, gt=0, lt=1)
-    root: str | None = None
-    # The last N images of the training file, kept out of the federated partition: the public,
-    # unrotated slice a frozen base (LoRA models) is pretrained on (raysim.data.public).
-    public_pretrain_samples: int = Field(0, ge=0)
-    # synthetic_linear only
-    dim: int = Field(10, gt=0)  # taken from true_weights when those are given and dim is not
-    noise_std: float = Field(0.1, ge=0)  # label_noise=gaussian only
-    cluster_separation: float = Field(1.0, gt=0)  # drawn weights only (no true_weights)
-    true_weights: list[list[float]] | None = None  # one row of dim weights per cluster
-    true_bias: list[float] | None = None  # one per cluster; 0 when true_weights are given
-    label_noise: Literal["gaussian", "uniform"] = "gaussian"  # N(0, noise_std^2) or U[0, 1]
-    input_dist: Literal["normal", "uniform"] = "normal"  # x ~ N(0, I) or U[-1, 1]^dim
+    dataset: str = Field(
+        "digits",
+        description="The base dataset: digits (scikit-learn, always there), fmnist, mnist, "
+        "cifar10 (offline copies), synthetic_linear (generated) or npz (your own "
+        "arrays in data.root). `raysim list datasets`.",
+    )
+    num_clients: int = Field(
+        100,
+        gt=0,
+        description="Clients in the population.",
+    )
+    cluster_sizes: list[int] | None = Field(
+        None,
+        description="Clients per true cluster (adding up to num_clients); the smallest cluster is "
+        "the minority. null: one cluster, or the clusters an npz file's cluster array "
+        "gives.",
+    )
+    cluster_ratios: list[float] | None = Field(
+        None,
+        description="Clients per true cluster as proportions (instead of cluster_sizes), e.g. [2, "
+        "1, 1]; proportions that do not add up to 1 are normalised, with a warning.",
+    )
+    shift: Literal["none", "rotation", "label_flip"] = Field(
+        "rotation",
+        description="How the clusters differ: rotation (cluster k's images rotated by k*90 "
+        "degrees), label_flip (cluster k relabels y -> (y + k) mod classes) or none.",
+    )
+    dirichlet_alpha: float | None = Field(
+        None,
+        gt=0,
+        description="Label skew inside each cluster: each client's label proportions drawn from "
+        "Dirichlet(alpha); null: an even split.",
+    )
+    samples_per_client: int | None = Field(
+        None,
+        gt=0,
+        description="Images per client (train and test together); null: the dataset split evenly "
+        "over the clients.",
+    )
+    train_fraction: float = Field(
+        0.8,
+        gt=0,
+        lt=1,
+        description="The share of each client's rows it trains on; the rest is its test set.",
+    )
+    root: str | None = Field(
+        None,
+        description="Where the data is: a directory of IDX files (mnist, fmnist) or CIFAR-10 "
+        "batches, or the .npz file of dataset npz. null: the known places "
+        "(docs/usage.md).",
+    )
+    public_pretrain_samples: int = Field(
+        0,
+        ge=0,
+        description="The last N images of the training file, kept out of the federated partition: "
+        "the public, unrotated slice a frozen base (LoRA models) is pretrained on.",
+    )
+    dim: int = Field(
+        10,
+        gt=0,
+        description="synthetic_linear: the features' dimension (taken from true_weights when "
+        "those are given).",
+    )
+    noise_std: float = Field(
+        0.1,
+        ge=0,
+        description="synthetic_linear with label_noise gaussian: the labels' noise std.",
+    )
+    cluster_separation: float = Field(
+        1.0,
+        gt=0,
+        description="synthetic_linear, drawn weights: how far apart the clusters' true weights "
+        "are drawn.",
+    )
+    true_weights: list[list[float]] | None = Field(
+        None,
+        description="synthetic_linear: one row of dim weights per cluster (null: drawn).",
+    )
+    true_bias: list[float] | None = Field(
+        None,
+        description="synthetic_linear: one bias per cluster (0 when true_weights are given and "
+        "this is not).",
+    )
+    label_noise: Literal["gaussian", "uniform"] = Field(
+        "gaussian",
+        description="synthetic_linear: the labels' noise, N(0, noise_std^2) or U[0, 1].",
+    )
+    input_dist: Literal["normal", "uniform"] = Field(
+        "normal",
+        description="synthetic_linear: x ~ N(0, I) or U[-1, 1]^dim.",
+    )
 
     @field_validator("dataset")
     @classmethod
@@ -225,7 +296,12 @@ class ModelConfig(ConfigModel):
     models...), checked against the builder's signature (raysim.models.spec)."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
-    name: str = "cnn"
+    name: str = Field(
+        "cnn",
+        description="The model: cnn, mlp, linear, resnet18, vit, cnn_lora, vit_lora, or "
+        "module:Name for one of your own (a class or function taking (input_shape, "
+        "num_classes, **kwargs)). Its keyword arguments are further model.* keys.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -265,14 +341,44 @@ class AlgorithmConfig(ConfigModel):
     """`name` plus the algorithm's own parameters (validated by the algorithm's Params model)."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
-    name: str = "fedavg"
-    num_clusters: int | None = Field(None, gt=0)
-    # The server's optimizer on the aggregated updates (raysim.aggregation.ServerOptimizer)
-    server_lr: float = Field(1.0, gt=0)
-    server_optimizer: Literal["sgd", "adam", "adagrad"] = "sgd"
-    server_momentum: float = Field(0.0, ge=0, lt=1)  # sgd's (FedAvgM)
-    server_betas: tuple[float, float] = (0.9, 0.99)  # adam's
-    server_tau: float = Field(1e-3, gt=0)  # adam's and adagrad's adaptivity (torch's eps)
+    name: str = Field(
+        "fedavg",
+        description="The federated algorithm (`raysim list algorithms`), or module:Class for one "
+        "of your own; its parameters are further algorithm.* keys.",
+    )
+    num_clusters: int | None = Field(
+        None,
+        gt=0,
+        description="Cluster models the server keeps, for the algorithms that take it (null: the "
+        "algorithm's own default or choice).",
+    )
+    server_lr: float = Field(
+        1.0,
+        gt=0,
+        description="The server optimizer's learning rate on each model's aggregated update (1: "
+        "plain averaging with sgd). Post-processing of what the mode released: costs "
+        "no privacy.",
+    )
+    server_optimizer: Literal["sgd", "adam", "adagrad"] = Field(
+        "sgd",
+        description="The server's optimizer on the aggregated updates (FedOpt, Reddi et al. "
+        "2021): sgd (averaging, with server_momentum: FedAvgM), adam or adagrad.",
+    )
+    server_momentum: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="sgd's momentum on the aggregated update (0.9: FedAvgM).",
+    )
+    server_betas: tuple[float, float] = Field(
+        (0.9, 0.99),
+        description="adam's betas.",
+    )
+    server_tau: float = Field(
+        1e-3,
+        gt=0,
+        description="adam's and adagrad's adaptivity (torch's eps).",
+    )
 
     @field_validator("name")
     @classmethod
@@ -306,42 +412,114 @@ class AlgorithmConfig(ConfigModel):
 
 
 class PrivacyConfig(_Section):
-    mode: Literal["none", "sample", "client", "distributed", "dprivacy"] = "sample"
-    epsilon: float | None = Field(4.0, gt=0)
-    # distributed: defaults to population^-1.1 (PINA) when not given
-    delta: float = Field(1e-4, gt=0, lt=1)
-    clip: float = Field(3.0, gt=0)  # per-sample clip C (sample), update clip C_theta / S (client,
-    # distributed)
-    noise_multiplier: float | None = Field(None, ge=0)  # set to skip calibration
-    # client, distributed: adaptive clipping (Andrew et al. 2021): the clip (starting at
-    # privacy.clip) follows this quantile of the cohort's update norms, learnt from a noisy count
-    # of the updates under it, charged with the sums (distributed: inside the secure sum);
-    # clip_count_noise (client mode): that count's noise std (default cohort / 20)
-    clip_quantile: float | None = Field(None, gt=0, lt=1)
-    clip_lr: float = Field(0.2, gt=0)  # eta_C of the geometric update
-    clip_count_noise: float | None = Field(None, gt=0)
-    accountant: Literal["rdp", "pld"] = "rdp"
-    # distributed (secure aggregation): the noise-cohort convention of McMahan et al. 2018
-    noise_cohort_size: int = Field(10000, gt=0)
-    population: int | None = Field(None, gt=0)  # for accounting; default data.num_clients
-    noise_source: Literal["server", "clients"] = "server"  # one draw, or per-client shares
-    # noise_source clients: the share of the expected cohort that may drop out before the
-    # aggregator must add noise; each client's share is sized for (1 - t) m members
-    dropout_tolerance: float = Field(0.0, ge=0, lt=1)
-    # a round with fewer members than the shares were sized for: top_up, the simulated
-    # aggregator adds the noise they lack; abort, it releases nothing, as a real secure
-    # aggregation (which has no party to add noise) must
-    shortfall: Literal["top_up", "abort"] = "top_up"
-    # dprivacy (metric local DP, Galli et al.): eps = n / (nu * ||delta||) per release
-    nu: float = Field(1.0, gt=0)
-    leakage_cap: float | None = Field(None, gt=0)  # per-client total; a client past it skips
-    # sample, distributed, dprivacy (an untrusted server): the seed of the clients' own draws
-    # (their DP-SGD noise and batches, choices, noise shares, sketch noise), which the server's
-    # process never holds.
-    # null: drawn from the OS and recorded in the run's config.yaml (see raysim.seeding);
-    # same_as_seed: the run's seed, a reproduction mode (the bits of runs made before the clients
-    # had a seed of their own), in which the server could redraw the clients' noise
-    client_seed: int | Literal["same_as_seed"] | None = None
+    mode: Literal["none", "sample", "client", "distributed", "dprivacy"] = Field(
+        "sample",
+        description="Who is trusted (`raysim list modes`, docs/privacy.md): none, sample (DP-SGD "
+        "per client), client (trusted server, central noise), distributed (untrusted "
+        "server, secure aggregation), dprivacy (metric local DP).",
+    )
+    epsilon: float | None = Field(
+        4.0,
+        gt=0,
+        description="The budget per client, spent exactly by the planned schedule (calibrated "
+        "before the run; a run never spends more). null with noise_multiplier set: no "
+        "calibration.",
+    )
+    delta: float = Field(
+        1e-4,
+        gt=0,
+        lt=1,
+        description="The delta of (eps, delta)-DP; below 1/smallest client dataset (sample), "
+        "1/num_clients (client) or 1/population (distributed, default "
+        "population^-1.1).",
+    )
+    clip: float = Field(
+        3.0,
+        gt=0,
+        description="The clipping norm: per sample under sample (DP-SGD's C), per client update "
+        "under client and distributed (the starting clip when clip_quantile is set).",
+    )
+    noise_multiplier: float | None = Field(
+        None,
+        ge=0,
+        description="The noise multiplier z, given instead of calibrated from epsilon (the ledger "
+        "then reports what it spends).",
+    )
+    clip_quantile: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="client, distributed: adaptive clipping (Andrew et al. 2021): the clip "
+        "follows this quantile of the cohort's update norms, learnt from a noisy "
+        "count charged with the sums.",
+    )
+    clip_lr: float = Field(
+        0.2,
+        gt=0,
+        description="Adaptive clipping's rate eta_C: after each round the clip moves by "
+        "exp(-clip_lr (b - quantile)).",
+    )
+    clip_count_noise: float | None = Field(
+        None,
+        gt=0,
+        description="client mode, adaptive clipping: the noise std of the count of updates under "
+        "the clip (default: the cohort / 20).",
+    )
+    accountant: Literal["rdp", "pld"] = Field(
+        "rdp",
+        description="The privacy accountant of dp_accounting: rdp or pld.",
+    )
+    noise_cohort_size: int = Field(
+        10000,
+        gt=0,
+        description="distributed: the cohort the noise is sized for (the noise-cohort convention "
+        "of McMahan et al. 2018).",
+    )
+    population: int | None = Field(
+        None,
+        gt=0,
+        description="distributed: the population sampled from, for accounting (default: "
+        "data.num_clients).",
+    )
+    noise_source: Literal["server", "clients"] = Field(
+        "server",
+        description="distributed: server (one draw by the simulated aggregator) or clients "
+        "(per-client noise shares that add up under secure aggregation).",
+    )
+    dropout_tolerance: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="noise_source clients: the share t of the expected cohort that may drop out "
+        "before the aggregator must add noise; each share is sized for (1 - t) of the "
+        "expected members.",
+    )
+    shortfall: Literal["top_up", "abort"] = Field(
+        "top_up",
+        description="A round with fewer members than the shares were sized for: top_up (the "
+        "aggregator adds the noise they lack) or abort (it releases nothing, as a "
+        "real secure aggregation must).",
+    )
+    nu: float = Field(
+        1.0,
+        gt=0,
+        description="dprivacy: the metric-DP parameter; a release leaks n / nu (eps = n / (nu "
+        "||delta||)).",
+    )
+    leakage_cap: float | None = Field(
+        None,
+        gt=0,
+        description="dprivacy: a per-client total leakage; a client whose next release would "
+        "cross it sits the round out.",
+    )
+    client_seed: int | Literal["same_as_seed"] | None = Field(
+        None,
+        description="sample, distributed, dprivacy: the seed of the clients' own draws (DP-SGD "
+        "noise and batches, choices, noise shares), never held by the server's "
+        "process. null: drawn from the OS and recorded in the run's config.yaml; "
+        "same_as_seed: the run's seed (a reproduction mode in which the server could "
+        "redraw the clients' noise).",
+    )
 
     @field_validator("client_seed", mode="before")
     @classmethod
@@ -386,26 +564,75 @@ class PrivacyConfig(_Section):
 
 
 class TrainingConfig(_Section):
-    lr: float = Field(0.05, gt=0)
-    batch_size: int = Field(32, gt=0)
-    local_epochs: int = Field(1, gt=0)
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-    physical_batch_size: int = Field(256, gt=0)
-    sampling_rate: float = Field(1.0, gt=0, le=1)  # client participation rate q
-    sampling: Literal["poisson", "without_replacement"] = "poisson"
-    # the probability that a sampled client is unavailable in a round: it neither trains nor
-    # reports (raysim.sampling.unavailable); a list: one per true cluster, in the data's cluster
-    # order, so that one cluster's devices can be less available than another's
-    client_dropout: float | list[float] = 0.0
-    # the lag-1 correlation of a client's unavailability from round to round (0: independent
-    # rounds): at rho a client that was unavailable stays so with p + rho (1 - p) and an
-    # available one drops with p (1 - rho), so its long-run rate stays p and an unavailable
-    # stretch lasts 1 / ((1 - p)(1 - rho)) rounds on average (raysim.sampling.unavailable)
-    dropout_correlation: float = Field(0.0, ge=0, lt=1)
-    eval_every: int = Field(1, gt=0)
-    # stop when the clients' mean test loss has not improved for this many evaluations
-    early_stop_patience: int | None = Field(None, gt=0)
+    lr: float = Field(
+        0.05,
+        gt=0,
+        description="The clients' local learning rate.",
+    )
+    batch_size: int = Field(
+        32,
+        gt=0,
+        description="The clients' batch size (under sample: the expected Poisson batch of DP-SGD).",
+    )
+    local_epochs: int = Field(
+        1,
+        gt=0,
+        description="Passes over its data a client makes per round.",
+    )
+    momentum: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="The clients' SGD momentum.",
+    )
+    weight_decay: float = Field(
+        0.0,
+        ge=0,
+        description="The clients' L2 weight decay.",
+    )
+    physical_batch_size: int = Field(
+        256,
+        gt=0,
+        description="DP-SGD: the most samples per forward pass (memory), without changing the "
+        "logical batch.",
+    )
+    sampling_rate: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="q: the probability that a client takes part in a round (poisson) or the "
+        "cohort's share (without_replacement).",
+    )
+    sampling: Literal["poisson", "without_replacement"] = Field(
+        "poisson",
+        description="How each round's cohort is drawn: poisson (each client with probability q) "
+        "or without_replacement (a fixed-size cohort).",
+    )
+    client_dropout: float | list[float] = Field(
+        0.0,
+        description="The probability that a sampled client is unavailable in a round (neither "
+        "trains nor reports); a list gives one per true cluster, so one cluster's "
+        "devices can be less available.",
+    )
+    dropout_correlation: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="rho: how much a client's unavailability carries over to the next round (0: "
+        "independent rounds); the long-run rate stays client_dropout.",
+    )
+    eval_every: int = Field(
+        1,
+        gt=0,
+        description="Rounds between evaluations on the clients' test sets (the last round is "
+        "always evaluated).",
+    )
+    early_stop_patience: int | None = Field(
+        None,
+        gt=0,
+        description="Stop when the clients' mean test loss has not improved for this many "
+        "evaluations (null: never).",
+    )
 
     @field_validator("client_dropout")
     @classmethod
@@ -430,31 +657,83 @@ class TrainingConfig(_Section):
 
 
 class RuntimeConfig(_Section):
-    num_workers: int = Field(2, gt=0)
-    cpus_per_worker: float = Field(1.0, gt=0)
-    gpus_per_worker: float | Literal["auto"] = "auto"
-    threads_per_worker: int = Field(1, gt=0)  # torch threads; fixed so bits don't depend on it
-    address: str | None = None  # "auto" or ray://...: connect instead of starting a local Ray
-    actor_per_client: bool = False
-    # Clients trained at once by the vectorized trainer (fixed from the cohort, see
-    # runtime/pool.py); "auto": 32 on a GPU, 1 on CPU. vectorize=false: always the per-client
-    # Opacus/torch.optim path (the reference implementation).
-    client_group_size: int | Literal["auto"] = "auto"
-    vectorize: bool = True
-    # Clients per evaluation group (cut from client ids like the training groups): the clients
-    # of a group judged on the same model share forward passes (Algorithm.client_evaluations).
-    eval_group_size: int = Field(64, gt=0)
-    # The coordinator's process trains clients itself, as one of num_workers (num_workers - 1 worker
-    # actors), where that is allowed: a trusted server, CPU only, shared workers, not in a Tune
-    # trial (runtime/coordinator.py). false: every shard on its own worker actor.
-    coordinator_trains: bool = True
-    # A local Ray's workers are forked from a process with torch and raysim imported (the zygote,
-    # runtime/zygote.py) instead of each importing them: ~2.5 CPU-s less per worker at start-up.
-    fork_workers: bool = True
-    progress: bool = True  # a bar per run; side by side (compare --jobs N), a line a minute
-    round_timeout_s: float = Field(3600.0, gt=0)
-    checkpoint_every: int = Field(1, ge=0)  # rounds between checkpoints; 0: none
-    max_coordinator_restarts: int = Field(3, ge=0)  # from the last checkpoint, in one session
+    num_workers: int = Field(
+        2,
+        gt=0,
+        description="Processes that train clients (the coordinator's included where it trains).",
+    )
+    cpus_per_worker: float = Field(
+        1.0,
+        gt=0,
+        description="CPUs Ray reserves for each worker actor.",
+    )
+    gpus_per_worker: float | Literal["auto"] = Field(
+        "auto",
+        description="The GPU fraction of each worker (e.g. 0.25: four share a GPU); auto: the "
+        "cluster's GPUs shared evenly, 0 without GPUs.",
+    )
+    threads_per_worker: int = Field(
+        1,
+        gt=0,
+        description="torch threads per worker, fixed so that the bits do not depend on the "
+        "machine.",
+    )
+    address: str | None = Field(
+        None,
+        description="auto or ray://HOST:PORT: join a running Ray cluster instead of starting a "
+        "local Ray.",
+    )
+    actor_per_client: bool = Field(
+        False,
+        description="One actor per client (small populations only) instead of a shared pool.",
+    )
+    client_group_size: int | Literal["auto"] = Field(
+        "auto",
+        description="Clients trained at once by the vectorized trainer; auto: 32 on a GPU, 1 on a "
+        "CPU.",
+    )
+    vectorize: bool = Field(
+        True,
+        description="false: always the per-client Opacus / torch.optim path (the reference "
+        "implementation).",
+    )
+    eval_group_size: int = Field(
+        64,
+        gt=0,
+        description="Clients per evaluation group: the clients of a group judged on the same "
+        "model share forward passes.",
+    )
+    coordinator_trains: bool = Field(
+        True,
+        description="The coordinator's process trains clients itself as one of num_workers, where "
+        "allowed (a trusted server, CPU only); false: every shard on a worker actor.",
+    )
+    fork_workers: bool = Field(
+        True,
+        description="A local Ray's workers are forked from a process with torch and raysim loaded "
+        "(faster start); false: Ray starts them itself.",
+    )
+    progress: bool = Field(
+        True,
+        description="A progress bar per run (a line a minute where runs go side by side).",
+    )
+    round_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        description="Seconds a round may take before the run fails (a lost cluster never hangs a "
+        "run).",
+    )
+    checkpoint_every: int = Field(
+        1,
+        ge=0,
+        description="Rounds between checkpoints (0: none); the last round always gets one.",
+    )
+    max_coordinator_restarts: int = Field(
+        3,
+        ge=0,
+        description="Times a lost coordinator is restarted from the last checkpoint within one "
+        "session.",
+    )
 
     @property
     def forks_workers(self) -> bool:
@@ -484,7 +763,11 @@ class RuntimeConfig(_Section):
 
 
 class ExperimentConfig(_Section):
-    name: str = "experiment"
+    name: str = Field(
+        "experiment",
+        description="The run's name: the default run directory is runs/NAME-TIME. One plain "
+        "directory name (no path separator, no '..').",
+    )
     rounds: int = Field(
         20,
         gt=0,
@@ -492,7 +775,13 @@ class ExperimentConfig(_Section):
         description="a run keeps a few records per round to its end (metrics, the noise "
         "schedule, the privacy ledger): its memory grows with its rounds",
     )
-    seed: int = Field(0, ge=0)
+    seed: int = Field(
+        0,
+        ge=0,
+        description="The run's seed: every draw of the server's (sampling, initialisation, the "
+        "data partition) is keyed by (seed, round, client, purpose), so the same seed "
+        "gives the same bits on any number of workers.",
+    )
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
