@@ -105,3 +105,35 @@ def test_the_site_builds_strictly(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "site" / "privacy" / "index.html").is_file()
+
+
+def test_reference_pages_are_what_the_code_generates():
+    """docs/reference/ is generated (``python -m raysim.reference``): a flag or config field
+    added without regenerating fails here, so the reference never falls behind the code."""
+    from raysim import reference
+
+    for name, make in reference.PAGES.items():
+        if name == "cli.md" and sys.version_info[:2] != (3, 11):
+            continue  # argparse's help layout differs between Python versions; pages made on 3.11
+        committed = (reference.DOCS / name).read_text()
+        assert make() == committed, f"docs/reference/{name} is stale: python -m raysim.reference"
+
+
+def test_config_schema_validates_a_shipped_config():
+    """The JSON Schema editors read accepts what raysim accepts and names a bad key's type."""
+    import jsonschema
+    import yaml
+
+    from raysim import reference
+
+    schema = json.loads((reference.DOCS / "config.schema.json").read_text())
+    root = Path(__file__).resolve().parents[1]
+    jsonschema.validate(
+        yaml.safe_load((root / "configs" / "rdpcfl_quick.yaml").read_text()), schema
+    )
+    try:
+        jsonschema.validate({"rounds": "many"}, schema)
+    except jsonschema.ValidationError as err:
+        assert "rounds" in str(list(err.absolute_path)) or "many" in err.message
+    else:
+        raise AssertionError("a string for rounds passed the schema")
