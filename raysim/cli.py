@@ -360,10 +360,14 @@ def run_experiments(args: argparse.Namespace) -> list[Path]:
 def cmd_report(args: argparse.Namespace) -> int:
     from raysim import rundir
     from raysim.audit.report import audit_line
-    from raysim.metrics.html_report import output_path, write_report
+    from raysim.metrics.html_report import check_out, output_path, write_report
     from raysim.metrics.results import load_run
 
-    out = output_path(args.run_dirs, args.out, args.overwrite)  # refused before any reading
+    fmt = args.format
+    if fmt == "html":
+        out = output_path(args.run_dirs, args.out, args.overwrite)  # refused before any reading
+    else:
+        out = None if args.out is None else check_out(Path(args.out), args.run_dirs, args.overwrite)
     dirs: list[Path] = []
     for d in map(Path, args.run_dirs):
         if (line := audit_line(d)) is not None:  # an audit's directory (raysim audit)
@@ -397,6 +401,16 @@ def cmd_report(args: argparse.Namespace) -> int:
             f"({len(dirs) - len(readable)} skipped, named above)",
             file=sys.stderr,
         )
+    if fmt != "html":
+        from raysim.metrics.tables import render
+
+        text = render(readable, fmt)
+        if out is None:
+            sys.stdout.write(text)
+        else:
+            out.write_text(text, encoding="utf-8")
+            print(f"report: {out}", file=sys.stderr)
+        return 0
     _print_results(readable)
     write_report(readable, [Path(d) for d in args.run_dirs], out)
     print(f"report: {out}", file=sys.stderr)
@@ -515,6 +529,13 @@ def parser() -> argparse.ArgumentParser:
         help="the page to write (default: DIR-report.html beside DIR; several: report.html)",
     )
     rep.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    rep.add_argument(
+        "--format",
+        choices=("html", "json", "csv", "markdown"),
+        default="html",
+        help="html: the table and the page (default); json, csv, markdown: the summary (mean and "
+        "std over seeds per group) to stdout, or to --out",
+    )
     rep.set_defaults(func=cmd_report)
 
     data = sub.add_parser("data", help="inspect the federated population")

@@ -222,3 +222,38 @@ def test_default_out(tmp_path, monkeypatch, several):
     read = [a, write_run(tmp_path / "b", "fedavg", 1, [0.6])] if several else [a]
     expect = Path("report.html") if several else tmp_path / "a-report.html"
     assert hr.output_path(read, None, overwrite=False) == expect
+
+
+def test_report_formats_give_the_pages_numbers_as_data(tmp_path, capsys):
+    """--format json|csv|markdown: the same groups and mean ± std over seeds as the page, to
+    stdout (nothing else there, so it pipes) or to --out, never into the directories read."""
+    import io
+
+    out = compare_dir(tmp_path)
+    before = snapshot(out)
+    assert main(["report", str(out), "--format", "json"]) == 0
+    groups = {g["group"]: g for g in json.loads(capsys.readouterr().out)["groups"]}
+    assert groups["fedavg"]["accuracy_mean"] == pytest.approx(0.6)  # 0.5 and 0.7
+    assert groups["fedavg"]["accuracy_std"] == pytest.approx(0.1)
+    assert groups["ifca"]["accuracy_min_mean"] == pytest.approx(0.425)
+    assert groups["ifca"]["seeds"] == [0, 1] and groups["ifca"]["accuracy_n"] == 2
+    assert main(["report", str(out), "--format", "csv"]) == 0
+    table = pd.read_csv(io.StringIO(capsys.readouterr().out)).set_index("group")
+    assert table.loc["ifca", "accuracy_mean"] == pytest.approx(0.85)
+    assert table.loc["fedavg", "seeds"] == "0;1"
+    assert main(["report", str(out), "--format", "markdown"]) == 0
+    md = capsys.readouterr().out.splitlines()
+    assert md[0].startswith("| group | seeds | rounds | All % |") and md[1].startswith("|---|")
+    assert "| fedavg | 2 | 2 | 60.0 ± 10.0 |" in md[2]
+    target = tmp_path / "summary.csv"
+    assert main(["report", str(out), "--format", "csv", "--out", str(target)]) == 0
+    assert target.read_text().startswith("group,algorithm,")
+    assert main(["report", str(out), "--format", "csv", "--out", str(target)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["report", str(out), "--format", "json", "--out", str(out / "s.json")]) == 2
+    assert "is inside" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(out), "--format", "yaml"])
+    assert exit_.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    assert snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cmp", "summary.csv"]

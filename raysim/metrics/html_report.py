@@ -762,15 +762,21 @@ def output_path(read: Sequence[str | Path], out: str | None, overwrite: bool) ->
         path = Path(out)
     if path.suffix.lower() not in (".html", ".htm"):
         raise ConfigError(f"--out: an .html file, got {str(path)!r}")
+    return check_out(path, dirs, overwrite)
+
+
+def check_out(path: Path, read: Sequence[str | Path], overwrite: bool) -> Path:
+    """``path`` may be written by a report reading ``read``: not inside a directory read, not a
+    directory, not an existing file without ``overwrite``, in a directory that exists."""
     where = path.resolve()
-    for d in dirs:
+    for d in map(Path, read):
         if d.resolve() == where or d.resolve() in where.parents:
             raise ConfigError(
                 f"--out {str(path)!r} is inside {str(d)!r}, a directory the report reads: "
                 "raysim report never writes into the runs it reads; give --out a path outside it"
             )
     if path.is_dir():
-        raise ConfigError(f"--out {str(path)!r} is a directory: give the .html file to write")
+        raise ConfigError(f"--out {str(path)!r} is a directory: give the file to write")
     if path.exists() and not overwrite:
         raise ConfigError(
             f"{str(path)!r} exists: pass --overwrite to replace it, or --out another file"
