@@ -560,6 +560,10 @@ def parser() -> argparse.ArgumentParser:
         "compare", help="one config under several algorithms and seeds (raysim compare -h)"
     )
 
+    comp = sub.add_parser("completion", help='shell completion: eval "$(raysim completion bash)"')
+    comp.add_argument("shell", choices=("bash", "zsh", "tcsh"))
+    comp.set_defaults(func=cmd_completion)
+
     lst = sub.add_parser("list", help="what a config can name: " + ", ".join(KINDS))
     lst.add_argument("kind", choices=KINDS)
     lst.set_defaults(func=cmd_list)
@@ -572,6 +576,39 @@ def parser() -> argparse.ArgumentParser:
     add_audit_parser(sub)
     add_sweep_parser(sub)
     return p
+
+
+def full_parser() -> argparse.ArgumentParser:
+    """``parser()`` with ``compare``'s own options in place of its stub (``compare`` parses its
+    arguments itself): what the reference page and shell completion describe."""
+    from raysim.compare import parser as compare_parser
+
+    top = parser()
+    for action in top._actions:  # argparse keeps its subparsers here (no public accessor)
+        if isinstance(action, argparse._SubParsersAction):
+            full = compare_parser()
+            full.prog = "raysim compare"
+            action.choices["compare"] = full
+    return top
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """Print the completion script of ``args.shell`` (made by shtab from the parsers, so every
+    command, option and choice is offered, and files where a config or run directory goes)."""
+    import shtab
+
+    top = full_parser()
+    paths = {"config": shtab.FILE, "out": shtab.FILE, "run_dirs": shtab.DIRECTORY}
+    paths["resume"] = shtab.DIRECTORY
+    stack = [top]
+    while stack:
+        for action in stack.pop()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                stack += action.choices.values()
+            elif action.dest in paths:
+                action.complete = paths[action.dest]  # type: ignore[attr-defined]
+    print(shtab.complete(top, shell=args.shell))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

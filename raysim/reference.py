@@ -33,8 +33,7 @@ def _subcommands(parser: argparse.ArgumentParser, prefix: str) -> Iterator[tuple
 
 
 def cli_page() -> str:
-    from raysim.cli import parser
-    from raysim.compare import parser as compare_parser
+    from raysim.cli import full_parser
 
     old = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = WIDTH
@@ -44,9 +43,7 @@ def cli_page() -> str:
             "Every `raysim` command and its options, as `raysim COMMAND -h` prints them (this "
             "page is generated from the parsers: `python -m raysim.reference`).\n",
         ]
-        for line, sub in _subcommands(parser(), "raysim"):
-            if line == "raysim compare":  # the top parser holds a stub: compare parses itself
-                sub = compare_parser()
+        for line, sub in _subcommands(full_parser(), "raysim"):
             sub.prog = line
             parts.append(f"## `{line}`\n\n```text\n{sub.format_help().rstrip()}\n```\n")
         return "\n".join(parts)
