@@ -1,13 +1,16 @@
-"""raysim from Python (a notebook, a script of one's own): ``raysim run``, ``compare`` and
-``privacy`` through their own code paths, and a run directory's results as pandas tables.
+"""raysim from Python (a notebook, a script of one's own): ``raysim run``, ``compare``,
+``sweep``, ``privacy`` and ``audit`` through their own code paths, and a run directory's results
+as pandas tables.
 
-    from raysim.api import compare, load, privacy, run, summaries
+    from raysim.api import audit, compare, load, privacy, run, summaries, sweep
 
     done = run("configs/rdpcfl_quick.yaml", {"privacy.epsilon": 2}, algorithms=["rdpcfl", "ifca"])
     done["rdpcfl"].metrics[["round", "accuracy", "epsilon"]]
     privacy("configs/rdpcfl_quick.yaml", {"privacy.epsilon": 2})["noise_multiplier"]
     compare("configs/rdpcfl_quick.yaml", algorithms=["rdpcfl", "ifca"], seeds=[0, 1], out="runs/c")
     summaries("runs/c").groupby("algorithm")["final_accuracy"].agg(["mean", "std"])
+    sweep({"base": "configs/rdpcfl_quick.yaml", "space": {"privacy.epsilon": {"grid": [2, 8]}}})
+    audit("configs/audit_digits.yaml", runs=1).result["lower_bound"]
 
 A config is a YAML file's path, None (the demo), a dict of sections as the YAML holds them, or an
 ``ExperimentConfig``; ``overrides`` map dotted keys to Python values.
@@ -70,6 +73,49 @@ class Run:
         import pyarrow.parquet as pq
 
         return pq.read_table(self.path / name).to_pandas()
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """A finished sweep's directory (``raysim sweep``)."""
+
+    path: Path
+
+    @cached_property
+    def trials(self) -> Any:
+        """One row per trial: its swept values, final metrics, eps (a DataFrame)."""
+        import pyarrow.parquet as pq
+
+        return pq.read_table(self.path / "trials.parquet").to_pandas()
+
+    @cached_property
+    def selection(self) -> dict[str, Any]:
+        """What choosing the best trial costs in privacy, beyond each trial's ledger."""
+        return json.loads((self.path / "selection.json").read_text())
+
+    @cached_property
+    def runs(self) -> list[Run]:
+        """Each trial's run directory."""
+        return [Run(Path(p) / "run") for p in self.trials["path"]]
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """A finished audit's directory (``raysim audit``)."""
+
+    path: Path
+
+    @cached_property
+    def result(self) -> dict[str, Any]:
+        """Claimed eps, the empirical lower bound, its confidence, method and view."""
+        return json.loads((self.path / "audit.json").read_text())
+
+    @cached_property
+    def scores(self) -> Any:
+        """One row per canary (one run) or per run (several): included, score."""
+        import pyarrow.parquet as pq
+
+        return pq.read_table(self.path / "audit.parquet").to_pandas()
 
 
 def load(path: str | Path) -> Run:
@@ -168,6 +214,68 @@ def compare(
     return {(r.config["algorithm"]["name"], r.config["seed"]): r for r in runs(out)}
 
 
+def sweep(
+    spec: str | Path | Mapping[str, Any],
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    out: str | Path | None = None,
+    num_samples: int | None = None,
+    scheduler: str | None = None,
+    max_concurrent: int | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> SweepResult:
+    """``raysim sweep SWEEP.yaml``: ``spec`` is a sweep file's path or its mapping (``base``
+    may then be a path, a dict of sections or an ExperimentConfig); ``overrides`` apply to the
+    base. RuntimeError, naming ``out``, where a trial failed or the sweep was interrupted."""
+    from raysim.cli import parser
+
+    with _sweep_file(spec) as (path, name):
+        if out is None:
+            out = Path("runs") / f"sweep-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        argv = ["sweep", path, *_set_flags(overrides), "--out", str(out)]
+        flags = {"--num-samples": num_samples, "--scheduler": scheduler}
+        flags["--max-concurrent"] = max_concurrent
+        argv += [a for flag, v in flags.items() if v is not None for a in (flag, str(v))]
+        argv += [flag for flag, on in {"--resume": resume, "--overwrite": overwrite}.items() if on]
+        args = parser().parse_args(argv)
+        if args.func(args) != 0:
+            raise RuntimeError(f"raysim sweep: some trials failed or did not finish (see {out})")
+    return SweepResult(Path(out).resolve())
+
+
+def audit(
+    config: Config,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    runs: int | None = None,
+    canaries: int | None = None,
+    participation: str | None = None,
+    confidence: float | None = None,
+    seed: int | None = None,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+) -> AuditResult:
+    """``raysim audit CONFIG``: the configured mode's release path audited with canaries; the
+    flags left None keep the command's defaults (``runs=1``: the one-run audit)."""
+    from raysim.cli import parser
+
+    with _config_file(config) as path:
+        if not path:
+            raise ConfigError("audit: needs a config (e.g. configs/audit_digits.yaml)")
+        if out is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            out = Path("runs") / f"audit-{Path(path[0]).stem}-{stamp}"
+        argv = ["audit", *path, *_set_flags(overrides), "--out", str(out)]
+        flags = {"--runs": runs, "--canaries": canaries, "--participation": participation}
+        flags.update({"--confidence": confidence, "--seed": seed})
+        argv += [a for flag, v in flags.items() if v is not None for a in (flag, str(v))]
+        argv += ["--overwrite"] if overwrite else []
+        args = parser().parse_args(argv)
+        args.func(args)
+    return AuditResult(Path(out))
+
+
 def privacy(config: Config = None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``raysim privacy CONFIG --json``: the calibrated noise and the planned eps, per round
     too, without training (the noise is calibrated as a run would before it starts)."""
@@ -201,6 +309,31 @@ def _config_file(config: Config) -> Iterator[list[str]]:
         path = Path(tmp) / "config.yaml"
         path.write_text(text)
         yield [str(path)]
+
+
+@contextmanager
+def _sweep_file(spec: str | Path | Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """The sweep file's path and name for ``spec``: a mapping is written to a temporary file,
+    its ``base`` with it (a relative path is taken from the current directory)."""
+    if isinstance(spec, str | Path):
+        yield str(spec), Path(spec).stem
+        return
+    if not isinstance(spec, Mapping):
+        kind = type(spec).__name__
+        raise ConfigError(f"sweep: a sweep file's path or a dict; got {kind}")
+    raw = dict(spec)
+    name = str(raw.get("name") or "api")
+    with (
+        tempfile.TemporaryDirectory(prefix="raysim-api-") as tmp,
+        _config_file(raw.get("base")) as base,
+    ):
+        if isinstance(raw.get("base"), str | Path):
+            base = [str(Path(base[0]).resolve())]
+        if base:
+            raw["base"] = base[0]
+        path = Path(tmp) / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        yield str(path), name
 
 
 def _overrides(overrides: Mapping[str, Any] | None) -> list[str]:

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import RAY_TIMEOUT_S
 
-from raysim.api import compare, load, privacy, run, runs, summaries
+from raysim.api import audit, compare, load, privacy, run, runs, summaries, sweep
 from raysim.config import ConfigError
 
 SMALL = {
@@ -104,3 +104,28 @@ def test_privacy_is_the_commands_report_for_a_config_object(capsys):
     assert report["target_epsilon"] == 2 and report["noise_multiplier"] > 0
     with pytest.raises(ConfigError, match="config: a YAML path, a dict"):
         privacy(42)  # type: ignore[arg-type]
+
+
+def test_sweep_takes_a_dict_whose_base_is_a_dict(ray_session, tmp_path):
+    base = _as_sections({**SMALL, "rounds": 1, "model.name": "linear", "runtime.num_workers": 1})
+    base["runtime"]["cpus_per_worker"] = 0.45
+    spec = {"name": "api-eps", "base": base, "space": {"privacy.epsilon": {"grid": [2, 8]}}}
+    done = sweep(spec, {"algorithm.name": "fedavg"}, out=tmp_path / "s")
+    assert done.path == (tmp_path / "s").resolve()
+    assert sorted(done.trials["privacy.epsilon"]) == [2, 8]
+    assert done.selection["trials"] == 2 and "Papernot" in done.selection["note"]
+    assert {r.config["privacy"]["epsilon"] for r in done.runs} == {2, 8}
+    with pytest.raises(ConfigError, match="sweep: a sweep file's path or a dict"):
+        sweep(3)  # type: ignore[arg-type]
+
+
+def test_audit_returns_the_bound_and_the_scores(tmp_path):
+    from pathlib import Path
+
+    config = Path(__file__).parents[1] / "configs" / "audit_digits.yaml"
+    done = audit(config, {"privacy.epsilon": 8}, runs=200, out=tmp_path / "a")
+    assert done.result["claimed_epsilon"] == pytest.approx(8, rel=1e-3)
+    assert 0 <= done.result["lower_bound"] <= done.result["claimed_epsilon"]
+    assert len(done.scores) == 200 and set(done.scores["included"]) == {True, False}
+    with pytest.raises(ConfigError, match="--runs"):
+        audit(config, runs=0, out=tmp_path / "b")

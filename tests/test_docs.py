@@ -105,6 +105,22 @@ def test_the_site_builds_strictly(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "site" / "privacy" / "index.html").is_file()
+    # the Python API's page is read from raysim.api: every public name of it is documented there
+    import inspect
+
+    import raysim.api
+
+    api_page = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    public = [
+        name
+        for name, obj in vars(raysim.api).items()
+        if not name.startswith("_")
+        and (inspect.isfunction(obj) or inspect.isclass(obj))
+        and obj.__module__ == "raysim.api"
+    ]
+    assert {"run", "compare", "sweep", "audit", "privacy", "load"} <= set(public)
+    for name in public:
+        assert f'id="raysim.api.{name}"' in api_page, name
 
 
 def test_reference_pages_are_what_the_code_generates():

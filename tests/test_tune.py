@@ -3,6 +3,7 @@ placement groups, writes one row per trial and the plots, and `--resume` restore
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -198,8 +199,17 @@ def test_tiny_sweep_runs_reports_and_resumes(ray_session, tmp_path, capsys):
     assert (out / "knob_privacy_epsilon.png").is_file()
     for path in df["path"]:  # each trial also keeps a full run directory
         assert (Path(path) / "run" / "metrics.parquet").is_file()
+    finished = df[df["rounds_done"] == 2]["path"]  # ASHA's last rung does not cut the results
+    assert all((Path(path) / "run" / "summary.json").is_file() for path in finished)
     printed = capsys.readouterr().out
     assert "all 2 trials by accuracy" in printed and "accuracy %" in printed
+    # the choice among the trials is charged to no ledger: the summary says what it costs
+    cost = json.loads((out / "selection.json").read_text())
+    assert cost["trials"] == 2 and cost["epsilon_selection"] == pytest.approx(df["epsilon"].sum())
+    assert cost["delta_selection"] == pytest.approx(2e-3)  # privacy.delta=1e-3 per trial
+    assert "picking the best of 2 private trials" in printed and "Papernot" in printed
+    assert main(["report", str(out), "--out", str(tmp_path / "sweep.html")]) == 0
+    assert 'id="selection-privacy"' in (tmp_path / "sweep.html").read_text()
     assert len(list(out.glob("tune/tiny/*/checkpoint_*/checkpoint.ckpt"))) >= 2  # kept by Tune
 
     # resumed, its trials are made as its first ones were: other settings are refused before Ray
@@ -240,6 +250,26 @@ def test_a_trials_row_has_every_reported_metric_and_list_values_as_json(tmp_path
     df = pd.read_parquet(tmp_path / "trials.parquet")
     assert list(df["training.client_dropout"]) == ["0.0", "[0.0, 0.5]"]
     assert (df[list(REPORTED)] == 0.25).all().all()  # accuracy_minority, accuracy_disparity too
+
+
+def test_choosing_among_trials_costs_the_sum_of_their_budgets():
+    """Basic composition by hand: the chosen trial is as private as all the trials together;
+    trials without an (eps, delta) ledger (mode none, metric DP) are not in the sum."""
+    from tune.selection import selection_cost, selection_note
+
+    df = pd.DataFrame(
+        {
+            "epsilon": [1.0, 2.5, 0.5, None, 3.0],
+            "delta": [1e-5, 1e-5, 2e-5, None, None],  # the last: a dprivacy trial
+        }
+    )
+    cost = selection_cost(df)
+    assert cost["trials"] == 3 and cost["epsilon_one_trial"] == 2.5
+    assert cost["epsilon_selection"] == pytest.approx(4.0)
+    assert cost["delta_selection"] == pytest.approx(4e-5)
+    assert "(4, 4e-05)-DP by composition, not the eps 2.5" in selection_note(cost)
+    assert selection_cost(df.iloc[3:4]) is None  # no private trial: nothing to say
+    assert selection_note(selection_cost(df.iloc[:1])) is None  # one trial: nothing is chosen
 
 
 def test_trial_bundles_reserve_the_workers(tmp_path):

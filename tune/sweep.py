@@ -23,6 +23,7 @@ import yaml
 from raysim.config import ConfigError
 from raysim.rundir import error_text, handlers_kept, out_flag
 from raysim.seeding import public_seed
+from tune.selection import selection_cost, selection_note
 from tune.space import (
     REPORTED,
     Sweep,
@@ -35,6 +36,7 @@ from tune.space import (
 
 TUNE_DIR = "tune"
 SETTINGS = "sweep.yaml"  # what the trials are made from (base, space): --resume keeps to it
+SELECTION = "selection.json"  # what choosing the best trial costs (tune.selection)
 MAX_PREPARED = 64  # trial configs prepared before Ray (~0.5 s each); beyond, each value alone
 
 
@@ -57,8 +59,10 @@ def _scheduler(name: str | None, sweep: Sweep, rounds: int):
         return None
     from ray.tune.schedulers import ASHAScheduler
 
+    # max_t past the last round: ASHA stops a trial at max_t, and one stopped at its last
+    # round's report would never write its summary (a finished trial with no results).
     return ASHAScheduler(
-        time_attr="training_iteration", max_t=rounds, grace_period=max(1, rounds // 4)
+        time_attr="training_iteration", max_t=rounds + 1, grace_period=max(1, rounds // 4)
     )
 
 
@@ -124,7 +128,7 @@ def trial_rows(grid: Any, sweep: Sweep) -> list[dict[str, Any]]:
                 "trial_id": m.get("trial_id"),
                 **{k: params.get(k) for k in sweep.space},
                 "algorithm": cfg.algorithm.name,
-                "epsilon_budget": cfg.privacy.epsilon if cfg.privacy.mode != "none" else None,
+                **_budget(cfg),
                 "rounds_done": m.get("round"),
                 **{k: m.get(k) for k in REPORTED},  # every metric a sweep may rank by
                 "epsilon": m.get("epsilon"),
@@ -133,6 +137,18 @@ def trial_rows(grid: Any, sweep: Sweep) -> list[dict[str, Any]]:
             }
         )
     return _flat_values(rows, sweep)
+
+
+def _budget(cfg: Any) -> dict[str, float | None]:
+    """A trial's (eps, delta) budget, where its mode's ledger is in (eps, delta)."""
+    from raysim.modes import MODES
+
+    mode = MODES[cfg.privacy.mode]
+    accounted = mode.private and mode.accounts_epsilon
+    return {
+        "epsilon_budget": cfg.privacy.epsilon if mode.private else None,
+        "delta": cfg.privacy.delta if accounted else None,
+    }
 
 
 def _flat_values(rows: list[dict[str, Any]], sweep: Sweep) -> list[dict[str, Any]]:
@@ -259,7 +275,13 @@ def clear_out(out: Path) -> None:
     import shutil
 
     shutil.rmtree(out / TUNE_DIR)
-    for old in ("trials.parquet", "privacy_utility.png", *(p.name for p in out.glob("knob_*"))):
+    made = (
+        "trials.parquet",
+        SELECTION,
+        "privacy_utility.png",
+        *(p.name for p in out.glob("knob_*")),
+    )
+    for old in made:
         (out / old).unlink(missing_ok=True)
 
 
@@ -365,6 +387,11 @@ def sweep_main(args: argparse.Namespace) -> int:
     which = "all" if len(df) <= len(shown) else f"the best {len(shown)} of"
     print(f"{which} {len(df)} trials by {sweep.metric} (every trial: {out / 'trials.parquet'})")
     print(shown.rename(columns={"accuracy": "accuracy %"}).to_string(index=False))
+    cost = selection_cost(df)
+    note = selection_note(cost)
+    (out / SELECTION).write_text(json.dumps({**(cost or {}), "note": note}, indent=2) + "\n")
+    if note:
+        print(note)
     print(f"sweep results: {out}", file=sys.stderr)
     unfinished = _unfinished_trials(grid)
     if unfinished:

@@ -698,6 +698,7 @@ def render(run_dirs: Sequence[Path], roots: Sequence[Path]) -> str:
     )
     body.append(_table(header, rows))
     body.append(_runs_list(groups, roots))
+    body.extend(_selection_notes(roots))
     body.append("</section>")
     for sid, heading, what in SECTIONS:
         body.append(f'<section id="{sid}"><h2>{html.escape(heading)}</h2>')
@@ -718,6 +719,17 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
     )
     return f'<table id="summary-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _selection_notes(roots: Sequence[Path]) -> list[str]:
+    """A sweep's note on what choosing its best trial costs in privacy (selection.json)."""
+    notes = []
+    for root in roots:
+        path = Path(root) / "selection.json"
+        note = json.loads(path.read_text()).get("note") if path.is_file() else None
+        if note:
+            notes.append(f'<p class="note" id="selection-privacy">{html.escape(note)}.</p>')
+    return notes
 
 
 def _runs_list(groups: Sequence[Group], roots: Sequence[Path]) -> str:
