@@ -88,9 +88,12 @@ CHECKPOINT_FIELDS = (
     "algorithm",
     "rounds_reported",
     "unavailable",
+    "assignment_history",
 )
 # fields a checkpoint made before they existed lacks: they keep their initial value
-LATER_FIELDS = ("rounds_reported", "unavailable", "judge")
+LATER_FIELDS = ("rounds_reported", "unavailable", "judge", "assignment_history")
+# each round's assignment is kept for populations up to this size (int32 a client a round)
+MAX_RECORDED_ASSIGNMENTS = 20_000
 
 
 class RoundLoop:
@@ -127,6 +130,8 @@ class RoundLoop:
         self.metric_ledger = MetricLedger(cap=p.leakage_cap if p.mode == "dprivacy" else None)
         self.history: list[dict[str, Any]] = []
         self.rounds_reported = np.zeros(self.num_clients, dtype=np.int64)  # per client
+        # (round, each client's cluster) where the engine knows it: assignments.parquet
+        self.assignment_history: list[tuple[int, np.ndarray]] = []
         # None where the clients keep their evaluations apart from the server (their side
         # judges them, runtime.client_side): the driver adds the metrics to the rows
         self.judge: Judge | None = Judge(self.true_clusters, cfg.training.early_stop_patience)
@@ -195,7 +200,9 @@ class RoundLoop:
             row.update(grouping_metrics(self.true_clusters, choices, grouping))
         # Every round, not only where the clients are evaluated: the assignment is the server's
         # and costs no evaluation (R-DPCFL's "ARI = 1 after round 1" with eval_every > 1).
-        row.update(clustering_metrics(self.true_clusters, algo.assignments(self.state)))
+        assigned = algo.assignments(self.state)
+        row.update(clustering_metrics(self.true_clusters, assigned))
+        self._record_assignment(assigned if assigned is not None else choices)
         if self.cfg.evaluated_after(r):
             reports = self.evaluate()
             if self.judge is not None:
@@ -205,6 +212,13 @@ class RoundLoop:
         row["round_seconds"] = time.perf_counter() - start
         self.history.append(row)
         return row
+
+    def _record_assignment(self, clusters: np.ndarray | None) -> None:
+        """The round's cluster of each client (the server's assignment, or where clients choose,
+        their choices: what the engine's ARI and clustering accuracy are computed from), for the
+        report's assignment-per-round heatmap."""
+        if clusters is not None and self.num_clients <= MAX_RECORDED_ASSIGNMENTS:
+            self.assignment_history.append((self.round, np.asarray(clusters, dtype=np.int32)))
 
     def _charge(self, round: int, charges: list[Any]) -> None:
         for c in charges:
@@ -286,6 +300,7 @@ class RoundLoop:
             "history": self.history,
             "eval": [] if self.judge is None else self.judge.last,
             "assignments": self.algorithm.assignments(self.state),
+            "assignment_history": self.assignment_history,
             "ledger_rows": self.ledger.rows(),
             "client_epsilon": [self.ledger.epsilon(c) for c in range(self.num_clients)],
             "rounds_reported": self.rounds_reported.tolist(),

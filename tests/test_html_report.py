@@ -30,6 +30,7 @@ def write_run(
     assigned: list[int] | None = None,
     ledger: list[tuple[int, int, float]] | None = None,
     client_acc: list[float] | None = None,
+    per_round: list[list[int]] | None = None,
 ) -> Path:
     """A finished run's files, as raysim.metrics.results.write_results lays them out; two true
     clusters of two clients each."""
@@ -62,6 +63,14 @@ def write_run(
             "accuracy": client_acc or [accuracies[-1]] * 4,
         }
     ).to_parquet(d / "clients.parquet")
+    if per_round is not None:  # assignments.parquet: each client's cluster each round
+        pd.DataFrame(
+            {
+                "round": np.repeat(np.arange(1, len(per_round) + 1), 4),
+                "client_id": np.tile(np.arange(4), len(per_round)),
+                "cluster": np.asarray(per_round, dtype=np.int32).ravel(),
+            }
+        ).to_parquet(d / "assignments.parquet")
     rows = ledger or []
     pd.DataFrame(
         {
@@ -94,7 +103,11 @@ def compare_dir(root: Path) -> Path:
     ledger = [(c, r, 2.0 * r) for c in range(4) for r in (1, 2)]
     write_run(out / "fedavg" / "seed0", "fedavg", 0, [0.4, 0.5], ledger=ledger)
     write_run(out / "fedavg" / "seed1", "fedavg", 1, [0.5, 0.7], ledger=ledger)
-    write_run(out / "ifca" / "seed0", "ifca", 0, [0.6, 0.8], assigned=[1, 1, 0, 0], ledger=ledger)
+    rounds = [[-1, 0, -1, 0], [1, 1, 0, 0]]
+    write_run(
+        out / "ifca" / "seed0", "ifca", 0, [0.6, 0.8], assigned=[1, 1, 0, 0], ledger=ledger,
+        per_round=rounds,
+    )  # fmt: skip
     write_run(out / "ifca" / "seed1", "ifca", 1, [0.6, 0.9], assigned=[0, 0, 1, 2], ledger=ledger)
     (out / "compare.json").write_text("[]")
     return out
@@ -150,6 +163,20 @@ def test_assignment_ids_are_matched_to_the_true_clusters():
     assert hr._matched(true, np.array([1, 1, 0, 0, 0])).tolist() == [0, 0, 1, 1, 1]
 
 
+def test_each_rounds_assignment_is_matched_to_the_true_clusters_that_round(tmp_path):
+    """Round 1: clients 0 and 2 have not chosen (-1, kept apart from any cluster), 1 and 3 chose
+    id 5 (one cluster: it takes one true id); round 2: ids 1 and 0 are the true clusters 0 and
+    1 (relabelled, not drawn as they came)."""
+    d = write_run(
+        tmp_path / "r", "ifca", 0, [0.5, 0.6], assigned=[1, 1, 0, 0],
+        per_round=[[-1, 5, -1, 5], [1, 1, 0, 0]],
+    )  # fmt: skip
+    (run,) = hr.load_runs([d])
+    rounds, grid = hr.assignment_grid(run)
+    assert rounds.tolist() == [1, 2]
+    assert grid.tolist() == [[-1, 0, -1, 0], [0, 0, 1, 1]]
+
+
 def test_report_writes_one_page_beside_the_directory_and_nothing_into_it(tmp_path, capsys):
     out = compare_dir(tmp_path)
     before = snapshot(out)
@@ -161,7 +188,9 @@ def test_report_writes_one_page_beside_the_directory_and_nothing_into_it(tmp_pat
     assert snapshot(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cmp", "cmp-report.html"]
     page = page_file.read_text()
-    assert figures(page) == ["rounds", "privacy-utility", "clients", "assignments", "epsilon"]
+    assert figures(page) == [
+        "rounds", "privacy-utility", "clients", "assignments", "assignment-rounds", "epsilon",
+    ]  # fmt: skip
     assert "Not drawn: no audit.parquet" in page
     # self-contained: nothing fetched from anywhere, no script
     assert not re.search(r'(src|href)="(?!data:|#)', page)
@@ -177,6 +206,7 @@ def test_figures_without_data_are_left_out_with_a_note(tmp_path):
     page = hr.render(dirs, [tmp_path])
     assert figures(page) == ["rounds", "privacy-utility", "clients"]
     assert "Not drawn: no run assigns clients to clusters" in page
+    assert "Not drawn: no run recorded its assignments round by round" in page
     assert "Not drawn: no run has a per-client (eps, delta) ledger" in page
     assert hr.NO_DP in page  # the table's eps for runs without DP
 

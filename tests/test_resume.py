@@ -41,7 +41,7 @@ def _table(run_dir, name):
 
 
 def _assert_same(a, b):
-    for name in ("metrics.parquet", "clients.parquet", "privacy.parquet"):
+    for name in ("metrics.parquet", "clients.parquet", "privacy.parquet", "assignments.parquet"):
         ta, tb = _table(a, name), _table(b, name)
         assert ta.equals(tb), (name, ta, tb)
 
@@ -52,6 +52,15 @@ def whole(ray_session, tmp_path_factory):
     out = tmp_path_factory.mktemp("resume") / "whole"
     run_prepared(_prep(), out)
     return out
+
+
+def test_each_rounds_assignment_is_recorded_and_the_last_is_the_final_one(whole):
+    rounds = _table(whole, "assignments.parquet")
+    clients = _table(whole, "clients.parquet")
+    assert sorted(set(rounds["round"])) == list(range(1, ROUNDS + 1))
+    assert len(rounds) == ROUNDS * len(clients)
+    last = rounds[rounds["round"] == ROUNDS].sort_values("client_id")
+    assert last["cluster"].tolist() == clients.sort_values("client_id")["assigned_cluster"].tolist()
 
 
 def test_killed_run_resumes_to_identical_results(whole, tmp_path, capsys):

@@ -49,6 +49,7 @@ class RunData:
     clients: pd.DataFrame | None
     ledger: pd.DataFrame | None
     group: str = ""
+    assignments: pd.DataFrame | None = None  # each client's cluster each round
 
     @property
     def seed(self) -> Any:
@@ -105,6 +106,7 @@ def load_runs(run_dirs: Sequence[Path]) -> list[RunData]:
                 metrics=_parquet(d / "metrics.parquet"),
                 clients=_parquet(d / "clients.parquet"),
                 ledger=_parquet(d / "privacy.parquet"),
+                assignments=_parquet(d / "assignments.parquet"),
             )
         )
     return runs
@@ -447,6 +449,69 @@ def fig_assignments(groups: Sequence[Group]) -> str:
     return _png(fig)
 
 
+def _cluster_colors(k: int) -> tuple[Any, Any]:
+    """A colour per cluster id 0..k-1 (grey below: -1, not chosen) and its norm."""
+    from matplotlib import colormaps
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    base = colormaps["tab10" if k <= 10 else "tab20"]
+    cmap = ListedColormap(["lightgrey"] + [base(i % base.N) for i in range(k)])
+    return cmap, BoundaryNorm(np.arange(-1, k + 1) - 0.5, k + 1)
+
+
+def assignment_grid(run: RunData) -> tuple[np.ndarray, np.ndarray]:
+    """A run's rounds and its (round x client) clusters, clients sorted by true cluster, each
+    round's ids matched to the true clusters; -1 where a client has not chosen yet."""
+    clients = run.clients.sort_values(["true_cluster", "client_id"])
+    order, truth = clients["client_id"].to_numpy(), clients["true_cluster"].to_numpy(int)
+    table = run.assignments.pivot(index="round", columns="client_id", values="cluster")[order]
+    rows = []
+    for values in table.to_numpy(int):
+        chose = values >= 0
+        row = np.full(len(values), -1)
+        if chose.any():
+            row[chose] = _matched(truth[chose], values[chose])
+        rows.append(row)
+    return table.index.to_numpy(), np.vstack(rows)
+
+
+def fig_assignment_rounds(groups: Sequence[Group]) -> str:
+    panels = []
+    for g in groups:
+        run = next((r for r in g.runs if r.assignments is not None and r.clients is not None), None)
+        if run is not None:
+            panels.append((g, run))
+    if not panels:
+        raise Omitted(
+            "no run recorded its assignments round by round (assignments.parquet: clustering "
+            "methods; fedavg and local assign none)"
+        )
+    note = len(panels) > MAX_PANELS
+    panels = panels[:MAX_PANELS]
+    grids = [(g, *assignment_grid(run)) for g, run in panels]
+    k = max(int(grid.max()) for _, _, grid in grids) + 1
+    cmap, norm = _cluster_colors(max(k, 1))
+    cols = min(3, len(grids))
+    nrows = math.ceil(len(grids) / cols)
+    fig = _figure(4.3 * cols + 0.5, 3.3 * nrows + (0.3 if note else 0))
+    axes = np.atleast_1d(fig.subplots(nrows, cols, squeeze=False)).ravel()
+    for ax in axes[len(grids) :]:
+        ax.set_visible(False)
+    for ax, (g, rounds, grid) in zip(axes, grids, strict=False):
+        image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=cmap, norm=norm)
+        ax.set_title(g.label, fontsize=9)
+        ax.set_xlabel("client (sorted by true cluster)")
+        ax.set_ylabel("round")
+        ticks = np.unique(np.linspace(0, len(rounds) - 1, min(len(rounds), 6)).astype(int))
+        ax.set_yticks(ticks, [str(rounds[t]) for t in ticks], fontsize=7)
+        ax.set_xticks([])
+    bar = fig.colorbar(image, ax=list(axes[: len(grids)]), ticks=range(-1, k), fraction=0.03)
+    bar.set_label("cluster (-1: none yet)")
+    if note:
+        fig.suptitle(f"the first {MAX_PANELS} of {len(groups)} groups", fontsize=9)
+    return _png(fig)
+
+
 def fig_client_epsilon(groups: Sequence[Group]) -> str:
     panels = []
     for g in groups:
@@ -623,7 +688,15 @@ SECTIONS = (
         "Cluster assignment of each client",
         "The server's final assignment (clients.parquet), one row per run; cluster ids are "
         "matched to the true clusters (Hungarian matching on overlap), clusters left over take "
-        "the next ids. Per-round assignments are not recorded, so this is the final round's.",
+        "the next ids.",
+    ),
+    (
+        "assignment-rounds",
+        "Cluster assignment of each client, round by round",
+        "Each round's assignment (assignments.parquet: the server's, or where clients choose, "
+        "their choices), one panel per group (its first seed's run): a row per round, a column "
+        "per client sorted by true cluster, ids matched to the true clusters each round as above; "
+        "grey: not chosen yet.",
     ),
     (
         "epsilon",
@@ -681,6 +754,7 @@ def render(run_dirs: Sequence[Path], roots: Sequence[Path]) -> str:
         "privacy-utility": lambda: fig_privacy_utility(groups),
         "clients": lambda: fig_client_accuracy(groups),
         "assignments": lambda: fig_assignments(groups),
+        "assignment-rounds": lambda: fig_assignment_rounds(groups),
         "epsilon": lambda: fig_client_epsilon(groups),
         "audit": lambda: fig_audits(audits, roots),
     }

@@ -1,5 +1,6 @@
 """A run's directory: config.yaml, metrics.parquet, clients.parquet, privacy.parquet,
-summary.json and PNG plots. `raysim report` reads them back."""
+summary.json, PNG plots and, for clustering methods, assignments.parquet (each client's cluster
+each round). `raysim report` reads them back."""
 
 from __future__ import annotations
 
@@ -79,6 +80,19 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
             pq.write_table(_table(rows), out / "leakage.parquet")
             plot_max_leakage(rows, truth, out / "leakage.png", rounds=len(history))
     pq.write_table(_table(clients), out / "clients.parquet")
+    history_of_assignments = results.get("assignment_history") or []
+    if history_of_assignments:  # long form: one row per (round, client)
+        n = len(truth)
+        pq.write_table(
+            pa.table(
+                {
+                    "round": np.repeat([r for r, _ in history_of_assignments], n),
+                    "client_id": np.tile(np.arange(n), len(history_of_assignments)),
+                    "cluster": np.concatenate([a for _, a in history_of_assignments]),
+                }
+            ),
+            out / "assignments.parquet",
+        )
     ledger_rows = results["ledger_rows"]
     if ledger_rows:
         pq.write_table(_table(ledger_rows), out / "privacy.parquet")
