@@ -1,7 +1,7 @@
 """Actors kept from one run to the next within one command (``raysim compare`` on Ray).
 
 Starting an actor costs a process, Ray's worker start-up and the imports of torch and the
-algorithms: 3.0-3.5 s of a run's start-up on two AMD vCPUs (docs/speed.md). The runs of a
+algorithms: seconds of a run's start-up (docs/speed.md). The runs of a
 comparison ask for the same actors (same class, same resources), so inside ``kept_actors()`` a
 run that ends cleanly leaves its coordinator and workers here with their state dropped
 (``Renewable.clear``), and the next run gives them new state (``Renewable.renew``: the object's

@@ -156,9 +156,9 @@ def _conv2d(
     c_out = g.shape[1]
     folded_shape = (b * c_out, c_in // module.groups, *module.kernel_size)
     # One input channel per group (a first layer on grey images) makes the folded convolution
-    # depthwise-like, and oneDNN's channels-last kernels for it are ~2x faster than the default
-    # layout's (Table-2 CNN's conv1, batch 16: ~0.7 against ~1.7 ms); with more channels the
-    # default layout is faster (conv2: 2.5-3.1 against 3.5-4.8 ms). docs/speed.md.
+    # depthwise-like, and oneDNN's channels-last kernels for it are faster than the default
+    # layout's; with more channels the default layout is faster (the timings: CHANGELOG.md,
+    # "Speed: the measurement history").
     nhwc = channels_last and folded_shape[1] == 1
     fold = _fold_channels_last if nhwc else _fold
     layout = torch.channels_last if nhwc else torch.contiguous_format

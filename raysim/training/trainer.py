@@ -47,10 +47,11 @@ class LocalTrainer:
     """One resident model per worker: built once, weights loaded in place per client.
 
     On CPU, convolutional models train and evaluate in channels-last memory format: oneDNN's
-    NHWC convolutions and pooling make a batch-16 step of the Table-2 CNN ~1.4x faster
-    (docs/speed.md). The Opacus path switches back to PyTorch's default format, which its
-    per-sample-gradient hooks assume (with channels-last weights its conv per-sample gradients
-    are wrong: tests/test_training.py). The flat weight vectors are in logical order either way.
+    NHWC convolutions and pooling make a batch-16 step of the Table-2 CNN faster (CHANGELOG.md,
+    "Speed: the measurement history"). The Opacus path switches back to PyTorch's default
+    format, which its per-sample-gradient hooks assume (with channels-last weights its conv
+    per-sample gradients are wrong: tests/test_training.py). The flat weight vectors are in
+    logical order either way.
     """
 
     channels_last = True  # False: always PyTorch's default format (the benchmark's plain loop)
