@@ -146,6 +146,7 @@ def check_target(out: Path, overwrite: bool) -> None:
             "choose another --out"
         )
     if overwrite:
+        check_not_running(stage)
         return
     if occupied:
         raise ConfigError(
@@ -251,6 +252,26 @@ def lock(stage: Path) -> None:
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     _held[key] = [fd, 1]
+
+
+def check_not_running(stage: Path) -> None:
+    """Refuse (ConfigError) where another process writes the run staged in ``stage``: asked
+    before Ray starts (``--overwrite`` onto a running run), as ``lock`` would refuse it after."""
+    import fcntl
+
+    path = stage / LOCK
+    if stage.absolute() in _held or not path.is_file():
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ConfigError(
+            f"run {target_of(stage)} is being written by {_holder(stage)}: wait for it to end "
+            "(or stop it), then try again"
+        ) from None
+    finally:
+        os.close(fd)  # and with it the probe's lock
 
 
 def release(stage: Path, remove: bool = False) -> None:

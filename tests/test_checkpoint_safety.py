@@ -18,6 +18,7 @@ from conftest import inline_run
 
 from raysim import rundir
 from raysim.cli import main
+from raysim.config import ConfigError
 from raysim.runtime import checkpoint as ck
 from raysim.runtime.checkpoint import CHECKPOINT, PREVIOUS
 
@@ -186,6 +187,9 @@ def test_a_second_writer_is_refused(run, capsys, no_run, tmp_path):
         files = sorted(p.name for p in stage.iterdir())
         with pytest.raises(Exception, match=f"being written by process {holder.pid}"):
             rundir.begin(run, "seed: 0\n", 3, overwrite=True, resume=False)
+        # and `raysim run --overwrite` says so before it starts Ray (no_run: nothing may run)
+        with pytest.raises(ConfigError, match=f"being written by process {holder.pid}"):
+            rundir.check_target(run, overwrite=True)
         assert sorted(p.name for p in stage.iterdir()) == files
     finally:
         holder.kill()
