@@ -70,9 +70,14 @@ class Run:
         return self._table("privacy.parquet")
 
     def _table(self, name: str) -> Any:
-        import pyarrow.parquet as pq
+        return _read_table(self.path / name)
 
-        return pq.read_table(self.path / name).to_pandas()
+
+def _read_table(path: Path) -> Any:
+    """A Parquet file as a DataFrame."""
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pandas()
 
 
 @dataclass(frozen=True)
@@ -84,9 +89,7 @@ class SweepResult:
     @cached_property
     def trials(self) -> Any:
         """One row per trial: its swept values, final metrics, eps (a DataFrame)."""
-        import pyarrow.parquet as pq
-
-        return pq.read_table(self.path / "trials.parquet").to_pandas()
+        return _read_table(self.path / "trials.parquet")
 
     @cached_property
     def selection(self) -> dict[str, Any]:
@@ -113,9 +116,7 @@ class AuditResult:
     @cached_property
     def scores(self) -> Any:
         """One row per canary (one run) or per run (several): included, score."""
-        import pyarrow.parquet as pq
-
-        return pq.read_table(self.path / "audit.parquet").to_pandas()
+        return _read_table(self.path / "audit.parquet")
 
 
 def load(path: str | Path) -> Run:

@@ -459,6 +459,24 @@ def _cluster_colors(k: int) -> tuple[Any, Any]:
     return cmap, BoundaryNorm(np.arange(-1, k + 1) - 0.5, k + 1)
 
 
+def _kept_panels(panels: list[Any], why_none: str) -> tuple[list[Any], bool]:
+    """The first MAX_PANELS panels, and whether some were left out; Omitted(why_none) if none."""
+    if not panels:
+        raise Omitted(why_none)
+    return panels[:MAX_PANELS], len(panels) > MAX_PANELS
+
+
+def _panel_grid(count: int, note: bool) -> tuple[Any, np.ndarray]:
+    """A figure of ``count`` panels, three to a row (room for a title line where ``note``)."""
+    cols = min(3, count)
+    nrows = math.ceil(count / cols)
+    fig = _figure(4.3 * cols + 0.5, 3.3 * nrows + (0.3 if note else 0))
+    axes = np.atleast_1d(fig.subplots(nrows, cols, squeeze=False)).ravel()
+    for ax in axes[count:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
 def assignment_grid(run: RunData) -> tuple[np.ndarray, np.ndarray]:
     """A run's rounds and its (round x client) clusters, clients sorted by true cluster, each
     round's ids matched to the true clusters; -1 where a client has not chosen yet."""
@@ -481,22 +499,15 @@ def fig_assignment_rounds(groups: Sequence[Group]) -> str:
         run = next((r for r in g.runs if r.assignments is not None and r.clients is not None), None)
         if run is not None:
             panels.append((g, run))
-    if not panels:
-        raise Omitted(
-            "no run recorded its assignments round by round (assignments.parquet: clustering "
-            "methods; fedavg and local assign none)"
-        )
-    note = len(panels) > MAX_PANELS
-    panels = panels[:MAX_PANELS]
+    panels, note = _kept_panels(
+        panels,
+        "no run recorded its assignments round by round (assignments.parquet: clustering "
+        "methods; fedavg and local assign none)",
+    )
     grids = [(g, *assignment_grid(run)) for g, run in panels]
     k = max(int(grid.max()) for _, _, grid in grids) + 1
     cmap, norm = _cluster_colors(max(k, 1))
-    cols = min(3, len(grids))
-    nrows = math.ceil(len(grids) / cols)
-    fig = _figure(4.3 * cols + 0.5, 3.3 * nrows + (0.3 if note else 0))
-    axes = np.atleast_1d(fig.subplots(nrows, cols, squeeze=False)).ravel()
-    for ax in axes[len(grids) :]:
-        ax.set_visible(False)
+    fig, axes = _panel_grid(len(grids), note)
     for ax, (g, rounds, grid) in zip(axes, grids, strict=False):
         image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=cmap, norm=norm)
         ax.set_title(g.label, fontsize=9)
@@ -518,23 +529,16 @@ def fig_client_epsilon(groups: Sequence[Group]) -> str:
         spent = [(r, e) for r in g.runs if (e := client_epsilon(r)) is not None]
         if spent:
             panels.append((g, spent))
-    if not panels:
-        raise Omitted(
-            "no run has a per-client (eps, delta) ledger (privacy.mode none: eps = ∞; dprivacy: "
-            "metric leakage, not eps)"
-        )
-    note = len(panels) > MAX_PANELS
-    panels = panels[:MAX_PANELS]
+    panels, note = _kept_panels(
+        panels,
+        "no run has a per-client (eps, delta) ledger (privacy.mode none: eps = ∞; dprivacy: "
+        "metric leakage, not eps)",
+    )
     from matplotlib import colormaps
     from matplotlib.ticker import MaxNLocator
 
     cmap = colormaps["tab10"]
-    cols = min(3, len(panels))
-    nrows = math.ceil(len(panels) / cols)
-    fig = _figure(4.3 * cols + 0.5, 3.3 * nrows + (0.3 if note else 0))
-    axes = np.atleast_1d(fig.subplots(nrows, cols, squeeze=False)).ravel()
-    for ax in axes[len(panels) :]:
-        ax.set_visible(False)
+    fig, axes = _panel_grid(len(panels), note)
     for ax, (g, spent) in zip(axes, panels, strict=False):
         # a client's eps averaged over the group's seeds (same population in each)
         table = pd.concat([e for _, e in spent]).groupby(level=0).mean()
