@@ -156,11 +156,12 @@ def test_each_run_of_a_compare_is_read_back_from_mlflow(tmp_path, monkeypatch, c
     argv += ["--set", "tracking.experiment=tiny-compare"]
     assert compare_main(argv) == 0, capsys.readouterr().err
     runs, _ = find_runs(tmp_path)  # the artifacts' copies of summary.json are no runs
-    assert len(runs) == 2 and all(r.parent == tmp_path / "cmp" for r in runs)
+    assert len(runs) == 2 and all(tmp_path / "cmp" in r.parents for r in runs)
     client = _mlflow_client(tmp_path / "mlruns")
     experiment = client.get_experiment_by_name("tiny-compare")
     logged = client.search_runs([experiment.experiment_id])
-    assert sorted(r.info.run_name for r in logged) == sorted(r.name for r in runs)
+    names = sorted(r.info.run_name for r in logged)
+    assert names == ["cmp/fedavg/seed0", "cmp/local/seed0"]  # the run directories, from here
     for run in logged:
         run_dir = Path(run.data.tags["raysim.run_dir"])
         assert run_dir in runs and run.info.status == "FINISHED"

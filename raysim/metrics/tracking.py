@@ -181,6 +181,17 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id, status=status)
 
 
+def run_name(out_dir: Path) -> str:
+    """A run's name in a tracker: its directory from the working directory (runs/demo-...,
+    cmp/fedavg/seed0), or elsewhere its last two parts: a compare's runs are ALG/seedN, so
+    the last part alone would name them all alike."""
+    path = out_dir.absolute()
+    try:
+        return path.relative_to(Path.cwd().absolute()).as_posix()
+    except ValueError:
+        return "/".join(path.parts[-2:])
+
+
 def make_tracker(cfg: ExperimentConfig, out_dir: Path, stage: Path) -> Tracker | None:
     """The tracker of the run that goes to ``out_dir`` (written meanwhile in ``stage``), or
     None where tracking is off. TensorBoard's default log directory lies in the run's own
@@ -189,11 +200,12 @@ def make_tracker(cfg: ExperimentConfig, out_dir: Path, stage: Path) -> Tracker |
     if tracking.backend == "none":
         return None
     check_available(tracking)
+    name = run_name(out_dir)
     if tracking.backend == "tensorboard":
-        root = Path(tracking.dir) / out_dir.name if tracking.dir else stage / TENSORBOARD_DIR
+        root = Path(tracking.dir) / name if tracking.dir else stage / TENSORBOARD_DIR
         return TensorBoardTracker(root)
-    tags = {"raysim.run_dir": str(out_dir), "raysim.algorithm": cfg.algorithm.name}
-    return MlflowTracker(tracking, tracking.experiment or cfg.name, out_dir.name, tags)
+    tags = {"raysim.run_dir": str(out_dir.absolute()), "raysim.algorithm": cfg.algorithm.name}
+    return MlflowTracker(tracking, tracking.experiment or cfg.name, name, tags)
 
 
 class RunTracking:
