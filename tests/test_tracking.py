@@ -11,12 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import RAY_TIMEOUT_S, small_config
+from conftest import RAY_TIMEOUT_S, inline_run, small_config
 
 from raysim.cli import main
 from raysim.compare import compare_main
 from raysim.config import changed_keys, dump_config, load_config
-from raysim.rundir import find_runs
+from raysim.rundir import find_runs, staging_dir
+from raysim.runtime.checkpoint import load_checkpoint
 
 pytest.importorskip("tensorboardX")
 pytest.importorskip("mlflow")
@@ -88,6 +89,13 @@ def _mlflow_client(store: Path):
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=store.resolve().as_uri())
+
+
+def _histories(client, run) -> dict[str, dict[int, float]]:
+    return {
+        key: {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+        for key in run.data.metrics
+    }
 
 
 def test_an_unknown_backend_exits_2_naming_the_field_and_the_choices(tmp_path, capsys):
@@ -165,18 +173,30 @@ def test_each_run_of_a_compare_is_read_back_from_mlflow(tmp_path, monkeypatch, c
     for run in logged:
         run_dir = Path(run.data.tags["raysim.run_dir"])
         assert run_dir in runs and run.info.status == "FINISHED"
-        expected = _expected(run_dir)
-        history = {
-            key: {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
-            for key in run.data.metrics
-        }
-        _assert_same(history, expected)
+        _assert_same(_histories(client, run), _expected(run_dir))
         recorded = yaml.safe_load((run_dir / "config.yaml").read_text())
         assert run.data.params["algorithm.name"] == recorded["algorithm"]["name"]
         assert run.data.params["training.lr"] == str(recorded["training"]["lr"])
         assert run.data.params["data.cluster_sizes"] == "[4, 4]"
         files = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert {"summary.json", "config.yaml", "accuracy.png"} <= files
+
+
+def test_an_interrupted_run_is_killed_in_mlflow_and_its_resumption_logs_every_round(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    settings = {"tracking.backend": "mlflow", "tracking.experiment": "resumed"}
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        inline_run(out, settings, die_after=1)
+    inline_run(out, settings, resume=load_checkpoint(staging_dir(out)))
+    client = _mlflow_client(tmp_path / "mlruns")
+    experiment = client.get_experiment_by_name("resumed")
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time"])
+    assert [r.info.status for r in runs] == ["KILLED", "FINISHED"]
+    assert {step for series in _histories(client, runs[0]).values() for step in series} == {1}
+    _assert_same(_histories(client, runs[1]), _expected(out))  # round 1 from the checkpoint
 
 
 def _sweep(tmp_path: Path, backend: str, *extra: str) -> tuple[Path, pd.DataFrame]:
