@@ -762,6 +762,31 @@ class RuntimeConfig(_Section):
         return v
 
 
+TRACKING_BACKENDS = ("none", "tensorboard", "mlflow")  # raysim.metrics.tracking
+
+
+class TrackingConfig(_Section):
+    backend: Literal["none", "tensorboard", "mlflow"] = Field(
+        "none",
+        description="Where params, per-round metrics and result files are also logged: "
+        "tensorboard or mlflow (`pip install -e '.[tracking]'`); none: the run directory only.",
+    )
+    dir: str | None = Field(
+        None,
+        description="TensorBoard's log directory (default: the run directory's tensorboard/; a "
+        "sweep's logs go into each trial's directory).",
+    )
+    uri: str | None = Field(
+        None,
+        description="MLflow's tracking URI: a server (http://HOST:PORT) or a local store "
+        "(default: file store ./mlruns beside the command).",
+    )
+    experiment: str | None = Field(
+        None,
+        description="The MLflow experiment the runs go into (default: the config's name).",
+    )
+
+
 class ExperimentConfig(_Section):
     name: str = Field(
         "experiment",
@@ -788,6 +813,7 @@ class ExperimentConfig(_Section):
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @field_validator("name")
     @classmethod
@@ -845,8 +871,9 @@ class ExperimentConfig(_Section):
 
 
 def changed_keys(a: str, b: str) -> list[str]:
-    """Dotted keys whose values differ between two dumped configs, ``runtime`` aside (how a run
-    is executed does not change its numbers): what a resumed run may not change."""
+    """Dotted keys whose values differ between two dumped configs, ``runtime`` and ``tracking``
+    aside (how a run is executed and where it is also logged do not change its numbers): what a
+    resumed run may not change."""
 
     def flat(d: Any, prefix: str = "") -> dict[str, Any]:
         if not isinstance(d, dict):
@@ -854,7 +881,7 @@ def changed_keys(a: str, b: str) -> list[str]:
         return {k: v for key, val in d.items() for k, v in flat(val, f"{prefix}{key}.").items()}
 
     fa, fb = flat(yaml.safe_load(a)), flat(yaml.safe_load(b))
-    keys = {k for k in fa.keys() | fb.keys() if not k.startswith("runtime.")}
+    keys = {k for k in fa.keys() | fb.keys() if not k.startswith(("runtime.", "tracking."))}
     return sorted(k for k in keys if fa.get(k) != fb.get(k))
 
 

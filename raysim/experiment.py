@@ -26,6 +26,7 @@ from raysim import privacy as privacy_lib
 from raysim.config import ConfigError, ExperimentConfig, with_client_seed
 from raysim.data import FederatedDataset, build_federated_dataset
 from raysim.limits import check_schedule
+from raysim.metrics.tracking import check_available as check_tracking
 from raysim.privacy import BudgetError, PrivacyConfigError
 from raysim.runtime import zygote
 from raysim.runtime.sealed import Sealed
@@ -129,6 +130,7 @@ def prepare(cfg: ExperimentConfig, algorithm_cls: Callable[[Any], Any], env_cls:
     clients' seed is taken out of the config first: the algorithm, whose server step is the
     server's code, never sees it."""
     check_schedule(cfg)  # before anything is built
+    check_tracking(cfg.tracking)  # a missing package is said before the data is built
     if cfg.runtime.forks_workers:  # before any torch operation
         zygote.fork_planned()
     given, cfg = cfg.privacy.client_seed, with_client_seed(cfg, None)
@@ -303,10 +305,12 @@ def run_prepared(
     existing ``out_dir`` is refused unless ``overwrite`` (ConfigError). ``resuming`` (default:
     a checkpoint is given) continues the existing staging directory. ``session`` runs the rounds
     (default: ``runtime.session.run_session``, on Ray; ``raysim compare --inline`` passes its
-    in-process loop), called as ``session(prep, on_round=, out_dir=, resume=)``."""
+    in-process loop), called as ``session(prep, on_round=, out_dir=, resume=)``. With
+    ``tracking.backend`` set, the run is also logged there (raysim.metrics.tracking)."""
     from raysim import rundir
     from raysim.config import dump_config
     from raysim.metrics.results import write_results
+    from raysim.metrics.tracking import RunTracking, make_tracker
     from raysim.runtime.session import run_session
 
     stage = rundir.begin(
@@ -316,11 +320,21 @@ def run_prepared(
         overwrite,
         resume=resume is not None if resuming is None else resuming,
     )
+    tracking = None
     try:
+        tracker = make_tracker(prep.cfg, out_dir, stage)
+        if tracker is not None:
+            tracking = RunTracking(tracker, prep.recorded_config())
+            on_round = tracking.on_round(on_round)
         results = (session or run_session)(prep, on_round=on_round, out_dir=stage, resume=resume)
         write_results(stage, prep, results)
+        if tracking is not None:  # closed before the rename: its files move with the run
+            tracking.finish(results["history"], stage)
+            tracking = None
         rundir.commit(stage, out_dir)
     except ConfigError as exc:  # refused before a round ran (e.g. workers that cannot fit)
+        if tracking is not None:
+            tracking.fail(exc)
         if not (stage / "metrics.parquet").exists() and resume is None:
             shutil.rmtree(stage)
             rundir.release(stage)
@@ -328,6 +342,8 @@ def run_prepared(
             rundir.stop(stage, exc)
         raise
     except BaseException as exc:  # the status says why; the lock is given back
+        if tracking is not None:
+            tracking.fail(exc)
         if stage.is_dir():
             rundir.stop(stage, exc)
         else:

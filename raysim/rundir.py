@@ -577,6 +577,16 @@ def unfinished(path: Path) -> Unfinished | None:
     )
 
 
+def _mlflow_artifact(path: Path, root: Path) -> bool:
+    """Whether ``path`` lies in an MLflow file store's artifacts (RUN/artifacts/..., RUN holding
+    meta.yaml): a copy of a run's files that tracking.backend mlflow logged, not a run."""
+    return any(
+        p.name == "artifacts" and (p.parent / "meta.yaml").is_file()
+        for p in path.parents
+        if p != root and root in p.parents
+    )
+
+
 def find_runs(root: Path) -> tuple[list[Path], list[Unfinished]]:
     """Finished runs (directories with summary.json) and unfinished ones at or under ``root``."""
     if (root / "summary.json").is_file() and not root.name.endswith(SUFFIX):
@@ -588,6 +598,7 @@ def find_runs(root: Path) -> tuple[list[Path], list[Unfinished]]:
         p.parent
         for p in root.rglob("summary.json")
         if not any(part.endswith(SUFFIX) for part in p.parent.relative_to(root).parts)
+        and not _mlflow_artifact(p, root)
     )
     stages = sorted(p for p in root.rglob("*" + SUFFIX) if p.is_dir())
     return done, [u for s in stages if (u := unfinished(s)) is not None]

@@ -98,6 +98,7 @@ CASES: dict[str, tuple[list[str], bool]] = {
     ),
     "raysim sweep tune/sweeps/rdpcfl_eps_x_algorithm.yaml --set runtime.address=auto "
     "--out /tmp/sweeps/eps": ([*CLUSTER_HERE, *TINY_FMNIST], True),
+    "raysim run CONFIG --set tracking.backend=tensorboard --out runs/tracked": (TINY_DEMO, False),
     "raysim completion bash": ([], False),
 }
 

@@ -91,6 +91,23 @@ def tune_config(sweep: Sweep, args: argparse.Namespace):
     )
 
 
+def run_config(sweep: Sweep, storage: Path):
+    """Tune's run settings: Tune's own logger callbacks for ``tracking.backend``, and with
+    ``runtime.progress`` Tune's live table of the trials (their status, values and metric)."""
+    from ray import tune
+
+    from raysim.metrics.tracking import sweep_callbacks
+
+    base = trial_config(sweep.base, {})
+    return tune.RunConfig(
+        name=sweep.name,
+        storage_path=str(storage),
+        verbose=1 if base.runtime.progress else 0,
+        log_to_file=True,
+        callbacks=sweep_callbacks(base.tracking, sweep.name),
+    )
+
+
 def _tuner(sweep: Sweep, args: argparse.Namespace, storage: Path):
     from ray import tune
 
@@ -106,9 +123,7 @@ def _tuner(sweep: Sweep, args: argparse.Namespace, storage: Path):
         trainable,
         param_space=sweep.param_space(),
         tune_config=tune_config(sweep, args),
-        run_config=tune.RunConfig(
-            name=sweep.name, storage_path=str(storage), verbose=0, log_to_file=True
-        ),
+        run_config=run_config(sweep, storage),
     )
 
 
@@ -317,6 +332,29 @@ def check_same_settings(out: Path, sweep: Sweep) -> list[str]:
     return list(saved["set"])
 
 
+def check_tracking(sweep: Sweep) -> None:
+    """The base's ``tracking`` holds for every trial (Tune's callbacks log them all): its
+    package must be there, and a swept tracking key or a TensorBoard ``dir`` is refused, as
+    Tune's TensorBoard callback writes into each trial's own directory."""
+    from raysim.metrics.tracking import check_available, mlflow_uri
+
+    swept = sorted(k for k in sweep.space if k.startswith("tracking."))
+    if swept:
+        raise ConfigError(
+            f"space: {', '.join(swept)}: a sweep's trials are all logged alike; set tracking "
+            "in the base config"
+        )
+    tracking = trial_config(sweep.base, {}).tracking
+    check_available(tracking)
+    if tracking.backend == "mlflow":  # a resumed sweep's callback (saved by Tune) needs it too
+        mlflow_uri(tracking)
+    if tracking.backend == "tensorboard" and tracking.dir:
+        raise ConfigError(
+            "tracking.dir: a sweep's TensorBoard logs go into each trial's directory "
+            "(OUT/tune/NAME/TRIAL, read with `tensorboard --logdir OUT/tune`); leave it unset"
+        )
+
+
 class _SaidByRaysim(logging.Filter):
     """Tune's own words on an interrupted sweep: a `Tuner.restore(...)` call to resume it, and a
     warning per trial that never started. raysim says both itself (the command that continues
@@ -335,6 +373,7 @@ def sweep_main(args: argparse.Namespace) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     sweep = load_sweep(args.sweep, list(args.set or []))  # user mistakes fail before Ray
+    check_tracking(sweep)
     out = Path(out_flag(args.out) or Path("runs") / f"sweep-{sweep.name}").resolve()
     check_out(out, args)
     sets = list(args.set or [])
