@@ -26,7 +26,13 @@ ROWS: list[tuple[str, list[str], str]] = [
 
 
 # the black-box rows: one real training each, long enough for the canaries to be memorised
-BLACK_BOX_TRAIN = ["rounds=5", "training.local_epochs=5", "training.lr=0.5"]
+# (and the clients' seed fixed: their DP-SGD noise is otherwise drawn from the OS, run to run)
+BLACK_BOX_TRAIN = [
+    "rounds=5",
+    "training.local_epochs=5",
+    "training.lr=0.5",
+    "privacy.client_seed=0",
+]
 BLACK_BOX_ROWS: list[tuple[str, list[str], tuple[float, ...]]] = [
     ("sample", ["privacy.mode=sample"], (2.0, 8.0)),
     ("none", ["privacy.mode=none"], (0.0,)),  # no noise: the attack's power, for scale
@@ -59,7 +65,7 @@ def markdown(results: list[AuditResult]) -> str:
     return "\n".join(lines)
 
 
-def black_box_table() -> list[AuditResult]:
+def black_box_table(client_seed: int = 0) -> list[AuditResult]:
     """The black-box rows (``--adversary black-box``, default canaries, audit seed 0)."""
     from raysim.audit.blackbox import blackbox_audit
     from raysim.cli import _prepare
@@ -70,6 +76,7 @@ def black_box_table() -> list[AuditResult]:
     for _, sets, budgets in BLACK_BOX_ROWS:
         for eps in budgets:
             extra = [f"privacy.epsilon={eps}"] if eps else []
+            extra.append(f"privacy.client_seed={client_seed}")
             cfg = for_algorithm(load_config(CONFIG, [*sets, *BLACK_BOX_TRAIN, *extra]))
             out.append(blackbox_audit(cfg, _prepare, seed=0)[0])
     return out
@@ -92,7 +99,14 @@ def black_box_markdown(results: list[AuditResult]) -> str:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:] == ["--black-box"]:
-        print(black_box_markdown(black_box_table()))
+    if sys.argv[1:2] == ["--black-box"]:
+        # optional: the clients' seeds to measure (the table at the first; the bounds at all)
+        seeds = [int(s) for s in sys.argv[2:]] or [0]
+        runs = [black_box_table(s) for s in seeds]
+        print(black_box_markdown(runs[0]))
+        if len(seeds) > 1:
+            for i, r in enumerate(runs[0]):
+                bounds = ", ".join(f"{run[i].lower_bound:.3g}" for run in runs)
+                print(f"{r.mode} claimed {r.claimed_epsilon:.3g}: bounds over seeds: {bounds}")
     else:
         print(markdown(full_table()))
