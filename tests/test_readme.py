@@ -75,8 +75,8 @@ CASES: dict[str, tuple[list[str], bool]] = {
     "raysim --help": ([], False),
     "raysim audit configs/audit_digits.yaml --runs 1000000 --out runs/audit-client": ([], False),
     "raysim audit configs/audit_digits.yaml --adversary black-box --set privacy.mode=sample "
-    "--set rounds=5 --set training.local_epochs=5 --set training.lr=0.5 --set privacy.client_seed=0 "
-    "--out runs/audit-bb": (
+    "--set rounds=5 --set training.local_epochs=5 --set training.lr=0.5 "
+    "--set privacy.client_seed=0 --out runs/audit-bb": (
         [],
         False,
     ),
