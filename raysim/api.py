@@ -256,6 +256,7 @@ def audit(
     seed: int | None = None,
     out: str | Path | None = None,
     overwrite: bool = False,
+    adversary: str | None = None,
 ) -> AuditResult:
     """``raysim audit CONFIG``: the configured mode's release path audited with canaries; the
     flags left None keep the command's defaults (``runs=1``: the one-run audit)."""
@@ -269,7 +270,7 @@ def audit(
             out = Path("runs") / f"audit-{Path(path[0]).stem}-{stamp}"
         argv = ["audit", *path, *_set_flags(overrides), "--out", str(out)]
         flags = {"--runs": runs, "--canaries": canaries, "--participation": participation}
-        flags.update({"--confidence": confidence, "--seed": seed})
+        flags.update({"--confidence": confidence, "--seed": seed, "--adversary": adversary})
         argv += [a for flag, v in flags.items() if v is not None for a in (flag, str(v))]
         argv += ["--overwrite"] if overwrite else []
         args = parser().parse_args(argv)

@@ -39,11 +39,11 @@ def _config(args: argparse.Namespace, extra: Sequence[str] = ()) -> ExperimentCo
     return for_algorithm(load_config(args.config or DEMO_CONFIG, sets))
 
 
-def _prepare(cfg: ExperimentConfig):
+def _prepare(cfg: ExperimentConfig, dataset: Any = None):
     from algorithms import Environment, get_algorithm
     from raysim.experiment import prepare
 
-    return prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+    return prepare(cfg, get_algorithm(cfg.algorithm.name), Environment, dataset)
 
 
 def _load_run_modules() -> None:

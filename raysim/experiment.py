@@ -125,16 +125,22 @@ def build_dataset(cfg: ExperimentConfig) -> FederatedDataset:
         raise ConfigError(str(exc)) from None
 
 
-def prepare(cfg: ExperimentConfig, algorithm_cls: Callable[[Any], Any], env_cls: Any) -> Prepared:
+def prepare(
+    cfg: ExperimentConfig,
+    algorithm_cls: Callable[[Any], Any],
+    env_cls: Any,
+    dataset: FederatedDataset | None = None,
+) -> Prepared:
     """Build data, model initialisation and the algorithm (which calibrates its noise). The
     clients' seed is taken out of the config first: the algorithm, whose server step is the
-    server's code, never sees it."""
+    server's code, never sees it. ``dataset``: the population to use in place of the config's
+    (the black-box audit's, with its canaries in the clients' train sets)."""
     check_schedule(cfg)  # before anything is built
     check_tracking(cfg.tracking)  # a missing package is said before the data is built
     if cfg.runtime.forks_workers:  # before any torch operation
         zygote.fork_planned()
     given, cfg = cfg.privacy.client_seed, with_client_seed(cfg, None)
-    ds = build_dataset(cfg)
+    ds = build_dataset(cfg) if dataset is None else dataset
     check_against_data(cfg, ds)
     oracle = getattr(algorithm_cls, "uses_ground_truth", False)
     env = env_cls(

@@ -74,6 +74,12 @@ CASES: dict[str, tuple[list[str], bool]] = {
     "raysim list KIND": ([], False),
     "raysim --help": ([], False),
     "raysim audit configs/audit_digits.yaml --runs 1000000 --out runs/audit-client": ([], False),
+    "raysim audit configs/audit_digits.yaml --adversary black-box --set privacy.mode=sample "
+    "--set rounds=5 --set training.local_epochs=5 --set training.lr=0.5 "
+    "--set privacy.client_seed=0 --out runs/audit-bb": (
+        [],
+        False,
+    ),
     "raysim compare configs/rdpcfl_fmnist_rotation.yaml --inline --jobs 2 --algorithms rdpcfl "
     "--seeds 0,1 --set training.eval_every=10 --out results/e200-fmnist --resume": (
         TINY_FMNIST,

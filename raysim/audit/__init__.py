@@ -2,3 +2,5 @@
 
 # whether the adversary is told who took part (the command line checks it without loading torch)
 PARTICIPATION = ("hidden", "told")
+# what the adversary sees: what the mode admits to the server, or only the final models
+ADVERSARY = ("white-box", "black-box")

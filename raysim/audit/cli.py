@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from raysim.config import ConfigError
 
@@ -33,11 +34,15 @@ def check_out(out: Path, overwrite: bool) -> None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from raysim.audit import PARTICIPATION
+    from raysim.audit import ADVERSARY, PARTICIPATION
     from raysim.cli import _config, _prepare
     from raysim.config import dump_config
     from raysim.rundir import out_flag
 
+    if args.adversary not in ADVERSARY:
+        raise ConfigError(f"--adversary: one of {', '.join(ADVERSARY)}, got {args.adversary!r}")
+    if args.runs is None:
+        args.runs = 1 if args.adversary == "black-box" else DEFAULT_RUNS
     if args.runs < 1:
         raise ConfigError(f"--runs: a whole number >= 1, got {args.runs}")
     if args.canaries is not None and args.canaries < 1:
@@ -51,12 +56,18 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.config is None:
         raise ConfigError("raysim audit needs a CONFIG (e.g. configs/audit_digits.yaml)")
     cfg = _config(args)
+    if args.adversary == "black-box":
+        from raysim.audit.blackbox import check_request
+
+        check_request(cfg.privacy.mode, args.runs, args.participation)
     out = (
         Path(args.out)
         if out_flag(args.out)
         else Path("runs") / f"audit-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     check_out(out, args.overwrite)
+    if args.adversary == "black-box":
+        return _black_box(args, cfg, out)
     prep = _prepare(cfg)
     canaries = args.canaries
     if canaries is None:
@@ -81,6 +92,27 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _black_box(args: argparse.Namespace, cfg: Any, out: Path) -> int:
+    """One real training of the configured experiment with input-space canaries, scored from
+    the final models (raysim.audit.blackbox)."""
+    from tqdm import tqdm
+
+    from raysim.audit.blackbox import blackbox_audit
+    from raysim.audit.report import write_audit
+    from raysim.cli import _prepare
+    from raysim.config import dump_config
+
+    with tqdm(total=cfg.rounds, desc=f"audit {cfg.privacy.mode} (black-box)", unit="round") as bar:
+        result, rows, prep = blackbox_audit(
+            cfg, _prepare, args.canaries, args.seed, args.confidence, bar.update
+        )
+    write_audit(out, result, rows, dump_config(prep.recorded_config()))
+    print(result.line())
+    print(f"claim: {result.claim_note}")
+    print(f"results: {out}", file=sys.stderr)
+    return 0
+
+
 def add_audit_parser(sub: argparse._SubParsersAction) -> None:
     from raysim.audit import PARTICIPATION
 
@@ -90,8 +122,8 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--runs",
         type=int,
-        default=DEFAULT_RUNS,
-        help=f"releases (default {DEFAULT_RUNS}; 1: the one-run audit of Steinke et al.)",
+        help=f"releases (default {DEFAULT_RUNS}, black-box 1; 1: the one-run audit of "
+        "Steinke et al.)",
     )
     p.add_argument(
         "--canaries", type=int, help="canaries per release (one run only; default 1 / 500)"
@@ -100,6 +132,12 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
         "--participation",
         default="hidden",
         help=f"{' or '.join(PARTICIPATION)}: whether the adversary is told who took part",
+    )
+    p.add_argument(
+        "--adversary",
+        default="white-box",
+        help="white-box (what the mode admits to the server; default) or black-box (the final "
+        "models of one real training: sample mode, --runs 1)",
     )
     p.add_argument("--confidence", type=float, default=0.95, help="one-sided (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="the audit's seed")

@@ -40,6 +40,7 @@ class AuditResult:
     threshold: float | None = None
     guesses: int | None = None
     correct: int | None = None
+    adversary: str = "white-box"  # or "black-box": the final models only (audit.blackbox)
 
     @property
     def tightness(self) -> float:
@@ -53,6 +54,12 @@ class AuditResult:
 
     def line(self) -> str:
         claim = "∞" if not math.isfinite(self.claimed_epsilon) else f"{self.claimed_epsilon:.3g}"
+        if self.adversary != "white-box":
+            return (
+                f"audit ({self.mode}, {self.method}, {self.adversary} adversary, view: "
+                f"{self.view}): eps >= {self.lower_bound:.3g} at {100 * self.confidence:g}% "
+                f"confidence (delta {self.delta:g}) against claimed {claim}"
+            )
         return (
             f"audit ({self.mode}, {self.method}, {self.participation} participation, "
             f"view: {self.view}): eps >= {self.lower_bound:.3g} at {100 * self.confidence:g}% "
