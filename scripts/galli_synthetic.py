@@ -214,6 +214,11 @@ def main() -> None:
                 }
                 for p in at
             },
+            "median_validation_loss": {
+                r: float(np.median([x["validation_loss"][r - 1] for x in res]))
+                for r in (1, 10, 25, 50, 100, 150, args.rounds)
+                if r <= args.rounds
+            },
             "leak_per_participation": leak,
             "seconds": time.perf_counter() - start,
         }
