@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from algorithms import Environment, get_algorithm
+from algorithms.clustered import SelectionParams, selection_utility
 from raysim.compare import for_algorithm, inline_loop
 from raysim.config import ConfigError, load_config
 from raysim.experiment import prepare
@@ -86,6 +87,25 @@ def test_scores_and_evaluation_are_eq14_over_the_client_data():
     assert packed[1].loss == pytest.approx(
         np.sqrt(np.mean((x[3:].astype(np.float64) @ [1.0, 2.0] - y[3:]) ** 2)), rel=1e-5
     )
+
+
+def test_rmse_selection_sensitivity_bounds_a_replaced_record():
+    """A private loss-based choice under rmse: the utility is -Eq. 14 of the clipped squared
+    errors, and its sensitivity sqrt(clip / (n - 1)) bounds what replacing one record does."""
+    params = SelectionParams(eps_select=1.0, loss_clip=4.0, select_by="loss")
+    n = 10
+    _, sens = selection_utility(params, np.zeros(2), np.zeros(2), n, "rmse")
+    assert sens == pytest.approx(math.sqrt(4.0 / 9))
+    assert selection_utility(params, np.zeros(2), np.zeros(2), n)[1] == pytest.approx(4.0 / 9)
+    g = np.random.default_rng(3)
+    worst = 0.0
+    for _ in range(2000):
+        se = np.minimum(g.exponential(g.choice([0.01, 1.0, 10.0]), size=n), 4.0)
+        other = se.copy()
+        other[g.integers(n)] = g.choice([0.0, 4.0])
+        worst = max(worst, abs(np.sqrt(se.mean()) - np.sqrt(other.mean())))
+        worst = max(worst, abs(np.sqrt(se.mean()) - np.sqrt(se[1:].mean())))  # one removed
+    assert 0.5 * sens < worst <= sens
 
 
 def test_trainer_refuses_rmse_for_classification_and_under_dp_sgd():
