@@ -7,6 +7,8 @@ The private choice (utility and sensitivity):
   per-sample loss clipped to [0, loss_clip]; sensitivity loss_clip / (n - 1), which bounds the
   change of that mean when one record is replaced (loss_clip / n), added (/(n + 1)) or removed
   (/(n - 1)).
+  Under ``training.regression_loss=rmse`` the utility is minus the root of that mean (Eq. 14),
+  and as |sqrt(a) - sqrt(b)| <= sqrt(|a - b|) its sensitivity is sqrt(loss_clip / (n - 1)).
 - ``select_by="accuracy"``: utility = training accuracy; sensitivity 1 / (n - 1), likewise.
 The mechanism picks cluster m with probability proportional to exp(eps * u_m / (2 * sens)),
 which is eps-DP and eps-bounded-range (accounted as ``selection_event(eps, 1)``).
@@ -75,12 +77,20 @@ def model_scores(
 
 
 def selection_utility(
-    params: SelectionParams, losses: np.ndarray, accs: np.ndarray, n: int
+    params: SelectionParams,
+    losses: np.ndarray,
+    accs: np.ndarray,
+    n: int,
+    regression_loss: str = "mse",
 ) -> tuple[np.ndarray, float]:
-    """The client's utility of each cluster model and its sensitivity (module docstring)."""
+    """The client's utility of each cluster model and its sensitivity (module docstring);
+    ``losses`` are the trainer's scores, root-mean under ``regression_loss="rmse"``."""
     utility = -losses if params.select_by == "loss" else accs
     bound = params.loss_clip if params.select_by == "loss" else 1.0
-    return utility, bound / max(n - 1, 1)
+    sens = bound / max(n - 1, 1)
+    if params.select_by == "loss" and regression_loss == "rmse":
+        sens = math.sqrt(sens)
+    return utility, sens
 
 
 # ---------------------------------------------------------------------------- initialisation
@@ -171,7 +181,9 @@ class ClusteredAlgorithm(FederatedAlgorithm):
             return task.cluster or 0, None
         x, y = ctx.train_data()
         losses, accs = model_scores(ctx.trainer, list(ctx.models), x, y, self.params.loss_clip)
-        utility, sens = selection_utility(self.params, losses, accs, len(x))
+        utility, sens = selection_utility(
+            self.params, losses, accs, len(x), self.cfg.training.regression_loss
+        )
         choice = self.privacy.release_choice(
             utility, sens, self.params.eps_select, ctx.rng("select")
         )

@@ -633,6 +633,12 @@ class TrainingConfig(_Section):
         description="Stop when the clients' mean test loss has not improved for this many "
         "evaluations (null: never).",
     )
+    regression_loss: Literal["mse", "rmse"] = Field(
+        "mse",
+        description="A regression task's loss, in local training (per batch), the clients' "
+        "choice of model and their evaluation: mse, or rmse, the root of the mean squared error "
+        "(Galli et al.'s Eq. 14), whose gradient has about unit norm at any distance.",
+    )
 
     @field_validator("client_dropout")
     @classmethod
@@ -855,6 +861,16 @@ class ExperimentConfig(_Section):
             raise ValueError(
                 f"privacy.delta={p.delta} must be below 1/population = {1 / population:.3g} for "
                 "distributed DP (privacy.population, default data.num_clients)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _rmse_without_dp_sgd(self) -> ExperimentConfig:
+        if self.training.regression_loss == "rmse" and self.privacy.mode == "sample":
+            raise ValueError(
+                "training.regression_loss=rmse cannot train under privacy.mode=sample: DP-SGD "
+                "clips per-sample gradients, and a batch's RMSE is not a sum over samples; use "
+                "mse, or another privacy mode"
             )
         return self
 

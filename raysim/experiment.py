@@ -76,6 +76,11 @@ def check_against_data(cfg: ExperimentConfig, ds: FederatedDataset) -> None:
     """The checks that need the population, e.g. delta < 1/n for sample-level DP."""
     if ds.task == "regression" and cfg.model.name not in ("linear", "mlp"):
         raise ConfigError(f"model.name: {cfg.data.dataset} is a regression task; use linear or mlp")
+    if ds.task != "regression" and cfg.training.regression_loss != "mse":
+        raise ConfigError(
+            f"training.regression_loss={cfg.training.regression_loss}: {cfg.data.dataset} is a "
+            f"{ds.task} task (cross-entropy); leave it at mse or use a regression dataset"
+        )
     if cfg.privacy.mode == "sample":
         try:
             privacy_lib.check_sample_level_delta(cfg.privacy.delta, int(np.min(ds.train_sizes)))

@@ -8,11 +8,12 @@ from raysim.training.config import (
     TrainResult,
     sampling_plan,
 )
-from raysim.training.losses import TASKS, per_sample_loss
+from raysim.training.losses import REGRESSION_LOSSES, TASKS, per_sample_loss
 from raysim.training.trainer import LocalTrainer, float32_kernels
 
 __all__ = [
     "GRAD_SAMPLE_MODES",
+    "REGRESSION_LOSSES",
     "TASKS",
     "EvalResult",
     "LocalTrainer",

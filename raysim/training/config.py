@@ -77,9 +77,10 @@ def sampling_plan(n: int, cfg: TrainConfig) -> SamplingPlan:
 @dataclass
 class TrainResult:
     """One client's contribution. ``train_loss`` is the mean per-sample loss over the forward
-    passes of the last epoch run (each sample's loss at the weights before that step; a
-    partial epoch if ``max_steps`` stopped it); nan if that epoch saw no sample. It is not
-    privatised: under DP do not send it to the server unless it is accounted for."""
+    passes of the last epoch run (under rmse: the batches' RMSEs, weighted by batch size; each
+    sample's loss at the weights before that step; a partial epoch if ``max_steps`` stopped
+    it); nan if that epoch saw no sample. It is not privatised: under DP do not send it to the
+    server unless it is accounted for."""
 
     update: torch.Tensor  # flat float32 CPU, new - init (after update_clip)
     num_samples: int  # n, the client's dataset size (the FedAvg weight)

@@ -9,6 +9,9 @@ import torch
 from torch.nn import functional as F
 
 TASKS = ("classification", "regression")
+REGRESSION_LOSSES = ("mse", "rmse")
+# inside the square root of an RMSE: its gradient 1 / (2 sqrt(mse)) stays finite at a perfect fit
+RMSE_EPS = 1e-12
 
 
 def per_sample_loss(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -24,6 +27,29 @@ def per_sample_loss(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tens
         out = out.squeeze(-1)
     loss = F.mse_loss(out, y, reduction="none")
     return loss if loss.dim() == 1 else loss.flatten(1).mean(1)
+
+
+def batch_loss(losses: torch.Tensor, regression_loss: str = "mse") -> torch.Tensor:
+    """The loss one step minimises, from a batch's per-sample losses: their mean, or under
+    ``rmse`` the root of the mean squared error (Galli et al.'s Eq. 14). RMSE is not a sum over
+    samples: its gradient has about unit norm whatever the distance to the optimum, which is
+    what keeps d-privacy's noise (norm ~ nu ||delta||) from swamping the signal near it."""
+    if regression_loss == "rmse":
+        return torch.sqrt(losses.mean() + RMSE_EPS)
+    if regression_loss != "mse":
+        raise ValueError(
+            f"unknown regression loss {regression_loss!r}; allowed: {', '.join(REGRESSION_LOSSES)}"
+        )
+    return losses.mean()
+
+
+def dataset_loss(sum_sq: float, n: int, regression_loss: str = "mse") -> float:
+    """A client's loss on n samples from the sum of their per-sample losses: the mean, or under
+    ``rmse`` Eq. 14 over the whole set (the root of the mean, not a mean of roots)."""
+    if not n:
+        return float("nan")
+    mean = sum_sq / n
+    return float(np.sqrt(mean)) if regression_loss == "rmse" else mean
 
 
 def as_tensor(a: np.ndarray | torch.Tensor) -> torch.Tensor:

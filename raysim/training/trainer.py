@@ -27,7 +27,15 @@ from raysim.training.config import (
     sampling_plan,
     zero_nonfinite_samples,
 )
-from raysim.training.losses import TASKS, as_tensor, per_sample_loss, targets
+from raysim.training.losses import (
+    REGRESSION_LOSSES,
+    TASKS,
+    as_tensor,
+    batch_loss,
+    dataset_loss,
+    per_sample_loss,
+    targets,
+)
 
 if TYPE_CHECKING:
     from raysim.training.per_sample import PerSampleGrads
@@ -62,9 +70,19 @@ class LocalTrainer:
         task: str,
         device: torch.device | str = "cpu",
         grad_sample_mode: str = "hooks",
+        regression_loss: str = "mse",
     ):
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
+        if regression_loss not in REGRESSION_LOSSES:
+            raise ValueError(
+                f"regression_loss: unknown {regression_loss!r}; allowed: "
+                f"{', '.join(REGRESSION_LOSSES)}"
+            )
+        if regression_loss != "mse" and task != "regression":
+            raise ValueError(f"regression_loss={regression_loss!r} needs a regression task")
+        # what training minimises per batch and evaluation reports per client (Eq. 14 for rmse)
+        self.regression_loss = regression_loss
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.task = task
@@ -107,7 +125,8 @@ class LocalTrainer:
         of two or more clients, any GPU; plain SGD one client at a time on CPU stays here
         (measured faster: see docs/speed.md). Otherwise one ``train`` per client.
         """
-        if self.vectorize and (cfgs and (cfgs[0].dp or len(cfgs) > 1 or self.device.type != "cpu")):
+        vectorizable = self.vectorize and self.regression_loss == "mse"  # rmse: not per sample
+        if vectorizable and (cfgs and (cfgs[0].dp or len(cfgs) > 1 or self.device.type != "cpu")):
             if self._vec is None:
                 from raysim.training.vectorized import VectorizedTrainer
 
@@ -153,6 +172,11 @@ class LocalTrainer:
             ref = init if prox_center is None else prox_center.detach().reshape(-1)
             center = self._views(ref.to(self.device, torch.float32))
         self.model.train()
+        if cfg.dp and self.regression_loss != "mse":
+            raise ValueError(
+                "regression_loss: DP-SGD clips per-sample gradients, and an RMSE over a batch "
+                "has none; use mse with DP-SGD"
+            )
         run = self._run_dp if cfg.dp else self._run_plain
         steps, loss = run(xt, yt, cfg, plan, generator, center)
 
@@ -177,10 +201,19 @@ class LocalTrainer:
                     break
                 idx = None if order is None else order[s * b : (s + 1) * b]
                 size = xt.shape[0] if idx is None else idx.numel()
-                for xb, yb in self._chunks(xt, yt, idx, cfg.physical_batch_size):
-                    losses = per_sample_loss(self.task, self.model(xb), yb)
-                    (losses.sum() / size).backward()
-                    total += losses.detach().sum()
+                if self.regression_loss == "rmse":  # not a sum over samples: one backward
+                    chunks = self._chunks(xt, yt, idx, cfg.physical_batch_size)
+                    losses = torch.cat(
+                        [per_sample_loss(self.task, self.model(xb), yb) for xb, yb in chunks]
+                    )
+                    step_loss = batch_loss(losses, "rmse")
+                    step_loss.backward()
+                    total += step_loss.detach() * size  # the size-weighted mean of batch RMSEs
+                else:
+                    for xb, yb in self._chunks(xt, yt, idx, cfg.physical_batch_size):
+                        losses = per_sample_loss(self.task, self.model(xb), yb)
+                        (losses.sum() / size).backward()
+                        total += losses.detach().sum()
                 count += size
                 self._add_prox(cfg.prox_mu, center)
                 self._sgd_step(momentum, cfg)
@@ -340,7 +373,7 @@ class LocalTrainer:
         hit = torch.cat(hits).split(sizes) if hits else [None] * len(sizes)
         results = []
         for n, ls, h in zip(sizes, loss, hit, strict=True):
-            mean = float(ls.sum()) / n if n else float("nan")
+            mean = dataset_loss(float(ls.sum()), n, self.regression_loss)
             acc = None if not with_acc else (int(h.sum()) / n if n else float("nan"))
             results.append(EvalResult(mean, acc, n))
         return results
@@ -355,7 +388,8 @@ class LocalTrainer:
         batch_size: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Mean (per-sample clipped to [0, loss_clip]) loss and accuracy of each model on (x, y):
-        what a client scores the cluster models by (no copy of the data)."""
+        what a client scores the cluster models by (no copy of the data). Under ``rmse`` the
+        loss is Eq. 14 over (x, y), the root of the mean of the clipped squared errors."""
         xt, yt = self._data(x, y)
         batch_size = batch_size or self.eval_rows()
         losses = np.empty(len(weights_list), dtype=np.float64)
@@ -381,8 +415,7 @@ class LocalTrainer:
             total += loss.sum(dtype=torch.float64)
             if with_acc:
                 correct += int((out.argmax(1) == yb).sum())
-        n = xt.shape[0]
-        return (float(total) / n if n else float("nan")), correct
+        return dataset_loss(float(total), xt.shape[0], self.regression_loss), correct
 
     def _outputs(
         self, xt: torch.Tensor, yt: torch.Tensor, batch_size: int
