@@ -31,6 +31,7 @@ class SampleLevel(PrivacyMode):
     name = "sample"
     private = True
     trusted_server = False  # DP-SGD protects each sample from the server too
+    release_mechanisms = {"dpsgd": "event", "exponential_selection": "event"}
 
     def __init__(self, cfg, train_sizes, needs) -> None:
         super().__init__(cfg, train_sizes, needs)
