@@ -251,6 +251,10 @@ class Distributed(PrivacyMode):
             refuse(algorithm, "extra", "under distributed DP only the secure contribution leaves")
         if report.num_samples:
             refuse(algorithm, "num_samples", "under distributed DP a client's size stays with it")
+        for w in report.withheld:  # kept on the client, charged: with the cost it claims
+            why = self.release_problem(w) if isinstance(w, Released) else None
+            if why is not None:
+                refuse(algorithm, "withheld", why)
         # the contribution itself is checked where it is summed (SecureAggregator.check)
 
     def _check_sketch(self, algorithm: str, rel: Any) -> None:
