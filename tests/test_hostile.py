@@ -97,6 +97,21 @@ class CheapEventUpdate(Hostile):
         return honest
 
 
+class ClaimsMoreNoise(Hostile):
+    """Prices its un-noised update as DP-SGD at 1000 times the planned noise: the event matches
+    its parameters, so only the plan can tell that it claims noise that never ran."""
+
+    name = "claims_more_noise"
+
+    def client_step(self, task, ctx):
+        honest = super().client_step(task, ctx)
+        update, _ = raw_update(task, ctx)
+        p = {**honest.update.params, "z": honest.update.params["z"] * 1000}
+        event = dpsgd_event([Phase(p["q"], p["steps"])], p["z"])
+        honest.update = Released(update, "dpsgd", event, p)
+        return honest
+
+
 class OtherMechanismUpdate(Hostile):
     """Sends its update as a mechanism sample-level DP does not use (a central Gaussian)."""
 
@@ -143,6 +158,7 @@ class CheapChoice(ExactChoice):
         (UnchargedUpdate, "carries no event"),
         (CheapEventUpdate, "not the one its parameters"),
         (OtherMechanismUpdate, "not one of mode sample's"),
+        (ClaimsMoreNoise, "must run at the plan's z"),
     ],
 )
 def test_sample_admits_only_dpsgd_releases_priced_by_their_parameters(cls, why):
