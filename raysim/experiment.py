@@ -149,7 +149,7 @@ def prepare(
     check_against_data(cfg, ds)
     oracle = getattr(algorithm_cls, "uses_ground_truth", False)
     env = env_cls(
-        cfg=cfg,
+        cfg=server_view(cfg),
         train_sizes=np.asarray(ds.train_sizes),
         init_weights=initial_weights(cfg, ds),
         feature_shape=tuple(ds.feature_shape),
@@ -165,6 +165,19 @@ def prepare(
     summary = algorithm.privacy_summary()
     seed = client_seed(cfg, summary.get("trusted_server", False), given)
     return Prepared(cfg, ds, algorithm, env, summary, model_spec(cfg), seed)
+
+
+def server_view(cfg: ExperimentConfig) -> ExperimentConfig:
+    """The config as the algorithm (the server's code) holds it: under a mode whose server is
+    untrusted, without the data config (``protocol.HiddenData``), from which the run's seed would
+    rebuild every client's rows and the true clusters."""
+    from raysim.modes import MODES
+    from raysim.protocol import HiddenData
+
+    mode = MODES.get(cfg.privacy.mode)
+    if mode is None or mode.trusted_server:
+        return cfg
+    return cfg.model_copy(update={"data": HiddenData()})
 
 
 def client_seed(cfg: ExperimentConfig, trusted_server: bool, given: int | str | None) -> int | None:

@@ -18,6 +18,34 @@ if TYPE_CHECKING:  # annotations only: `raysim run`'s driver reads these reports
     import torch
 
 
+class TrustBoundaryError(RuntimeError):
+    """A report crossed to the server in a form its privacy mode forbids (a bug in an algorithm,
+    never a user mistake)."""
+
+
+class SealedUpdate:
+    """A client's update as a trusted server's process holds it under client-level DP: only the
+    mode's noisy sum opens it, so a server step cannot publish the exact update or mean. It has
+    no arithmetic, no array view and refuses to be pickled (into a checkpoint or a message).
+    Within one Python process this stops an algorithm that uses the protocol, not one that
+    digs into private attributes."""
+
+    __slots__ = ("__value",)
+
+    def __init__(self, value: Any) -> None:
+        self.__value = value
+
+    def _open(self) -> Any:
+        """The value, for ``PrivacyMode.noisy_sum`` only."""
+        return self.__value
+
+    def __repr__(self) -> str:
+        return "SealedUpdate(<client update>)"
+
+    def __reduce__(self) -> Any:
+        raise TrustBoundaryError("a sealed client update never leaves the round it crossed in")
+
+
 @dataclass
 class ClientTask:
     """What one virtual client is asked to do this round."""
@@ -81,7 +109,7 @@ class Message:
     values (sanitized as the mode requires); no loss, no client state."""
 
     client_id: int
-    update: torch.Tensor | None = None
+    update: torch.Tensor | SealedUpdate | None = None  # SealedUpdate under client-level DP
     num_samples: int = 0
     cluster: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -155,6 +183,60 @@ class ServerResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+class HiddenData:
+    """What an untrusted server's algorithm holds in place of ``cfg.data``: reading any field
+    (dataset, root, partition) is refused, so ``build_federated_dataset(cfg.data, cfg.seed)``
+    cannot rebuild the population in the server's process."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy and pickle probe for dunders: not the data config
+            raise AttributeError(name)
+        raise TrustBoundaryError(
+            f"data.{name}: the data config stays with the experimenter under an untrusted server"
+        )
+
+    def __repr__(self) -> str:
+        return "HiddenData()"
+
+
+class OwnRows:
+    """A client's view of the population: its own train and test rows, and the shape of the
+    task. No other client's rows, no true cluster and no provenance (``meta``): a client step
+    that asks for them gets a TrustBoundaryError or an AttributeError."""
+
+    __slots__ = ("__rows", "client_id")
+
+    def __init__(self, dataset: Any, client_id: int) -> None:
+        self.__rows = dataset
+        self.client_id = int(client_id)
+
+    def _own(self, i: int) -> None:
+        if int(i) != self.client_id:
+            raise TrustBoundaryError(
+                f"client {self.client_id} asked for client {i}'s rows: a client sees its own only"
+            )
+
+    def client_train(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        self._own(i)
+        return self.__rows.client_train(self.client_id)
+
+    def client_test(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        self._own(i)
+        return self.__rows.client_test(self.client_id)
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        return self.__rows.feature_shape
+
+    @property
+    def num_classes(self) -> int:
+        return self.__rows.num_classes
+
+    @property
+    def task(self) -> str:
+        return self.__rows.task
+
+
 @dataclass
 class ClientContext:
     """What a client step sees inside a worker: its data, the round's models, its generators."""
@@ -163,8 +245,12 @@ class ClientContext:
     round: int
     seed: int
     trainer: Any  # training.LocalTrainer, resident in the worker
-    dataset: Any  # data.FederatedDataset, zero-copy from the object store
+    dataset: Any  # the client's own rows (OwnRows over the zero-copy FederatedDataset)
     models: Sequence[torch.Tensor]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dataset, OwnRows) or self.dataset.client_id != self.client_id:
+            self.dataset = OwnRows(self.dataset, self.client_id)
 
     def train_data(self) -> tuple[np.ndarray, np.ndarray]:
         return self.dataset.client_train(self.client_id)

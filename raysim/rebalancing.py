@@ -151,5 +151,12 @@ def sensitivity(
     rebalancing runs on the clients' exact identifiers rather than on released noisy ones."""
     if rule == "paper":
         return 2.0 * clip
+    if not replace_one and not exact_ids and min_size > 0:
+        # a client's presence changes the group sizes, and so which updates rebalancing moves
+        raise ValueError(
+            "rebalancing sensitivity under add/remove (training.sampling: poisson) with private "
+            "identifiers is not bounded by C; use training.sampling: without_replacement or "
+            "algorithm.identifiers: histogram"
+        )
     base = EXACT_ID_FACTOR * clip if (exact_ids and min_size > 0) else clip
     return 2.0 * base if replace_one else base

@@ -13,8 +13,9 @@ request that cannot be met (BudgetError).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Real
 from typing import Any, ClassVar
 
 import numpy as np
@@ -22,12 +23,54 @@ import torch
 
 from raysim.config import ExperimentConfig
 from raysim.privacy import Phase, Released
-from raysim.protocol import Charge, ClientReport, Message, RoundPlan, SecureSums
+from raysim.protocol import (
+    Charge,
+    ClientReport,
+    Message,
+    RoundPlan,
+    SecureSums,
+    TrustBoundaryError,
+)
 
 
-class TrustBoundaryError(RuntimeError):
-    """A report crossed to the server in a form its privacy mode forbids (a bug in an algorithm,
-    never a user mistake)."""
+@dataclass(frozen=True)
+class ExtraField:
+    """One field a mode lets cross in a report's ``extra``. Declared with its exact type, the
+    values it may take (a constant carries nothing about the client's data) and the task key
+    that must have asked for it, so the field says only what the server already knows."""
+
+    kind: type
+    values: tuple[Any, ...] = ()  # the only values allowed; empty: any of ``kind`` in bounds
+    low: float | None = None
+    high: float | None = None
+    asked_by: str | None = None  # the task's extra key that must be truthy for it to be sent
+
+
+# "selected": the client made its own cluster choice, as its task asked (clustered algorithms)
+SELECTED = ExtraField(bool, (True,), asked_by="select")
+
+
+def _event_of(mechanism: str, params: Mapping[str, Any]) -> Any:
+    """The DpEvent a release's parameters determine (None: not a mechanism with one)."""
+    from raysim import privacy as privacy_lib
+    from raysim.privacy import Phase
+    from raysim.privacy.distributed import local_gaussian_event
+
+    if mechanism == "dpsgd":
+        q, steps, z = params["q"], params["steps"], params["z"]
+        return privacy_lib.dpsgd_event([Phase(q, steps)], z)
+    if mechanism == "exponential_selection":
+        return privacy_lib.selection_event(params["epsilon"], 1)
+    if mechanism == "local_gaussian_sketch":
+        return local_gaussian_event(params["z"])
+    return None
+
+
+EVENT_PARAMS = {
+    "dpsgd": ("z", "q", "steps"),
+    "exponential_selection": ("epsilon",),
+    "local_gaussian_sketch": ("z",),
+}
 
 
 @dataclass(frozen=True)
@@ -59,6 +102,12 @@ class PrivacyMode:
     accounts_epsilon: ClassVar[bool] = True
     central_noise: ClassVar[bool] = False  # the server noises sums (``noisy_sum``)
     secure_aggregation: ClassVar[bool] = False  # the server gets SecureSums, not messages
+    # the mechanisms a client's ``Released`` may name under this mode, and what must carry its
+    # cost: "event" (a DpEvent, the one its parameters determine) or "leakage" (metric DP)
+    release_mechanisms: ClassVar[Mapping[str, str]] = {}
+    # the only ``extra`` fields that cross to the server, and how many of them at most
+    extra_fields: ClassVar[Mapping[str, ExtraField]] = {"selected": SELECTED}
+    max_extra: ClassVar[int] = 1
 
     def __init__(self, cfg: ExperimentConfig, train_sizes: np.ndarray, needs: PrivacyNeeds):
         self.cfg, self.privacy = cfg, cfg.privacy
@@ -112,12 +161,86 @@ class PrivacyMode:
         clients' secure inputs are summed, for a mode with secure aggregation)."""
         tasks = {t.client_id: t for t in plan.tasks}
         for rep in reports:
-            self.check(algorithm, rep, tasks.get(rep.client_id))
-        return [to_message(r) for r in reports]
+            task = tasks.get(rep.client_id)
+            self.check(algorithm, rep, task)
+            self.check_fields(algorithm, rep, task, len(plan.models))
+        return [to_message(r, self.extra_fields) for r in reports]
 
     def check(self, algorithm: str, report: ClientReport, task: Any) -> None:
         if report.contribution is not None or report.deposited:
             refuse(algorithm, "contribution", f"secure aggregation is not part of mode {self.name}")
+
+    def check_fields(
+        self, algorithm: str, report: ClientReport, task: Any, num_models: int
+    ) -> None:
+        """What every mode that hands the server messages checks: each release is one of the
+        mode's mechanisms with its cost attached, the cluster is an index of the round's
+        models, the size is the client's own and ``extra`` holds only declared fields."""
+        for name, rel in released_fields(report):
+            why = self.release_problem(rel)
+            if why is not None:
+                refuse(algorithm, name, why)
+        cluster = value(report.cluster)
+        if cluster is not None:
+            if not _index(cluster) or not 0 <= int(cluster) < max(num_models, 1):
+                refuse(algorithm, "cluster", f"not an index of the round's {num_models} models")
+        n = report.num_samples
+        if not _index(n) or self.private and n not in (0, int(self.train_sizes[report.client_id])):
+            refuse(algorithm, "num_samples", "a client reports its own train size or nothing")
+        why = self.extra_problem(report.extra, task)
+        if why is not None:
+            refuse(algorithm, "extra", why)
+
+    def release_problem(self, rel: Released) -> str | None:
+        """Why ``rel`` may not cross under this mode (None: it may): an undeclared mechanism,
+        a missing cost, or an event other than the one its parameters determine."""
+        kind = self.release_mechanisms.get(rel.mechanism)
+        if kind is None:
+            allowed = ", ".join(self.release_mechanisms) or "none"
+            return f"mechanism {rel.mechanism!r} is not one of mode {self.name}'s ({allowed})"
+        if kind == "leakage":
+            if rel.leakage is None:
+                return f"a {rel.mechanism} release must carry its leakage record"
+            return self.leakage_problem(rel)
+        if rel.event is None:
+            return f"a {rel.mechanism} release carries no event: it would cross uncharged"
+        names = EVENT_PARAMS.get(rel.mechanism, ())
+        if not all(isinstance(rel.params.get(k), Real) for k in names):
+            return f"a {rel.mechanism} release must give {', '.join(names)} as numbers"
+        if repr(rel.event) != repr(_event_of(rel.mechanism, rel.params)):
+            return f"its event is not the one its parameters {rel.params} determine"
+        return None
+
+    def leakage_problem(self, rel: Released) -> str | None:
+        """Why a metric release's leakage record is not what it costs (``dprivacy``)."""
+        return None
+
+    def extra_problem(self, extra: Any, task: Any) -> str | None:
+        """Why a report's ``extra`` may not cross (None: it may); ``task`` None skips the check
+        that the task asked for a field (the clients' vetting has no task)."""
+        if type(extra) is not dict:
+            return "must be a dict"
+        unknown = sorted(set(extra) - set(self.extra_fields))
+        if unknown:
+            allowed = ", ".join(self.extra_fields) or "none"
+            return f"fields {unknown} are not declared by mode {self.name} (allowed: {allowed})"
+        if len(extra) > self.max_extra:
+            return f"at most {self.max_extra} fields cross under mode {self.name}"
+        for key, v in extra.items():
+            spec = self.extra_fields[key]
+            if type(v) is not spec.kind:
+                return f"{key!r} must be a {spec.kind.__name__}, not {type(v).__name__}"
+            if spec.values and v not in spec.values:
+                return f"{key!r} may only be {spec.values}"
+            if spec.low is not None and not v >= spec.low:
+                return f"{key!r} must be at least {spec.low}"
+            if spec.high is not None and not v <= spec.high:
+                return f"{key!r} must be at most {spec.high}"
+            if spec.asked_by and task is not None:
+                asked = getattr(task, "extra", {}) or {}
+                if not asked.get(spec.asked_by):
+                    return f"{key!r} is sent only where the task set {spec.asked_by!r}"
+        return None
 
     # -- server side ---------------------------------------------------------------------------
     def noisy_sum(
@@ -187,15 +310,27 @@ def value(x: Any) -> Any:
     return x.value if isinstance(x, Released) else x
 
 
-def to_message(r: ClientReport) -> Message:
+def to_message(r: ClientReport, fields: Mapping[str, ExtraField]) -> Message:
+    """The server's copy of an admitted report: of ``extra``, only the declared ``fields``."""
     cluster = value(r.cluster)
     return Message(
         r.client_id,
         value(r.update),
-        r.num_samples,
+        int(r.num_samples),
         None if cluster is None else int(cluster),
-        dict(r.extra),
+        {k: v for k, v in r.extra.items() if k in fields},
     )
+
+
+def _index(x: Any) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool | np.bool_)
+
+
+def released_fields(report: ClientReport) -> list[tuple[str, Released]]:
+    """Every ``Released`` on a report, by field, with or without an event."""
+    out = [("update", report.update), *(("withheld", w) for w in report.withheld)]
+    out.append(("cluster", report.cluster))
+    return [(name, rel) for name, rel in out if isinstance(rel, Released)]
 
 
 def group_releases(releases: Sequence[tuple[int, Released]]) -> list[Charge]:

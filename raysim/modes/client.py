@@ -28,7 +28,7 @@ from raysim.modes.base import PrivacyMode, TrustBoundaryError
 from raysim.planning import CentralPlan
 from raysim.privacy import Released, clip_l2, gaussian_mechanism, geometric_clip_update
 from raysim.privacy import privatize_onehot as _privatize_onehot
-from raysim.protocol import Charge
+from raysim.protocol import Charge, ClientReport, Message, RoundPlan, SealedUpdate
 
 ID_MECHANISMS = ("identifier_gaussian", "identifier_histogram")  # charged at plan.id_noise
 # released beside the round's sum and composed with it: identifiers, or adaptive clipping's count
@@ -88,6 +88,22 @@ class ClientLevel(PrivacyMode):
         out, self._metrics = self._metrics, {}
         return out
 
+    def admit(
+        self,
+        algorithm: str,
+        plan: RoundPlan,
+        reports: list[ClientReport],
+        rng: np.random.Generator,
+        secure: Any = None,
+    ) -> list[Message]:
+        """The messages with each update sealed: the server step can only add them up through
+        ``noisy_sum``, so what it publishes is made of noisy sums (or of nothing)."""
+        messages = super().admit(algorithm, plan, reports, rng, secure)
+        for m in messages:
+            if m.update is not None:
+                m.update = SealedUpdate(m.update)
+        return messages  # type: ignore[return-value]
+
     # -- server-side mechanisms ----------------------------------------------------------------
     def sensitivity(self, clip: float | None = None) -> float:
         """Of one clipped sum: C under add/remove (Poisson), 2C under replace-one (fixed cohort)."""
@@ -107,7 +123,8 @@ class ClientLevel(PrivacyMode):
         must bound the change of all of them together (sums over disjoint groups, such as one per
         cluster: the sensitivity of one sum; overlapping sums, such as FedCAM's global and cluster
         sums: their joint sensitivity)."""
-        rows = torch.stack(list(updates)).double().numpy() if updates else np.zeros((0, dim))
+        opened = [u._open() if isinstance(u, SealedUpdate) else u for u in updates]
+        rows = torch.stack(opened).double().numpy() if opened else np.zeros((0, dim))
         total = clip_l2(rows, self.clip).sum(0)
         noisy = gaussian_mechanism(total, sensitivity, self.plan.noise, rng)
         z = self.plan.noise

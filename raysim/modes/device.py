@@ -58,7 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from raysim.modes.base import client_releases
+from raysim.modes.base import client_releases, released_fields
+from raysim.privacy import Released
 from raysim.protocol import Charge, ClientReport, ClientTask
 
 RELATIVE_TOLERANCE = 1e-9  # float rounding of a parameter computed twice
@@ -188,6 +189,22 @@ def vet_releases(mode: Any, round: int, reports: Sequence[ClientReport], may_sel
         if not all(_finite(v) for v in [*values, vector]):
             why = f"client {rep.client_id}'s output is not finite: nothing of it is released"
             raise ReleaseRefused(f"round {round}: {why}", spent=True)
+        # every release names one of the mode's mechanisms and carries its cost: one without
+        # would cross uncharged (``client_releases`` below charges only those with an event)
+        for name, rel in released_fields(rep):
+            why = mode.release_problem(rel)
+            if why is not None:
+                raise ReleaseRefused(f"round {round}: client {rep.client_id}'s {name}: {why}")
+        if (
+            not mode.trusted_server
+            and rep.update is not None
+            and not isinstance(rep.update, Released)
+        ):
+            why = f"client {rep.client_id}'s update would leave unsanitized"
+            raise ReleaseRefused(f"round {round}: {why}")
+        why = mode.extra_problem(rep.extra, None)
+        if why is not None:
+            raise ReleaseRefused(f"round {round}: client {rep.client_id}'s extra: {why}")
     left: dict[int, list[Charge]] = {}
     for client, rel in client_releases(reports):
         if client not in left:

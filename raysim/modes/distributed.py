@@ -31,15 +31,21 @@ convention, the sketch does not (its noise is the real per-client noise).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from raysim import privacy as privacy_lib
-from raysim.modes.base import PrivacyMode, client_releases, group_releases, refuse
+from raysim.modes.base import (
+    ExtraField,
+    PrivacyMode,
+    client_releases,
+    group_releases,
+    refuse,
+)
 from raysim.modes.secure import (
     SecureAggregator,
     SecureSpec,
@@ -100,6 +106,9 @@ class Distributed(PrivacyMode):
     trusted_server = False
     private = True
     secure_aggregation = True
+    release_mechanisms = {SKETCH_MECHANISM: "event"}
+    extra_fields: ClassVar[Mapping[str, ExtraField]] = {}  # only the secure contribution leaves
+    max_extra = 0
 
     def __init__(self, cfg, train_sizes, needs) -> None:
         super().__init__(cfg, train_sizes, needs)
@@ -242,6 +251,10 @@ class Distributed(PrivacyMode):
             refuse(algorithm, "extra", "under distributed DP only the secure contribution leaves")
         if report.num_samples:
             refuse(algorithm, "num_samples", "under distributed DP a client's size stays with it")
+        for w in report.withheld:  # kept on the client, charged: with the cost it claims
+            why = self.release_problem(w) if isinstance(w, Released) else None
+            if why is not None:
+                refuse(algorithm, "withheld", why)
         # the contribution itself is checked where it is summed (SecureAggregator.check)
 
     def _check_sketch(self, algorithm: str, rel: Any) -> None:

@@ -31,6 +31,7 @@ class MetricLocal(PrivacyMode):
     trusted_server = False
     private = True
     accounts_epsilon = False  # metric DP: its leakage is in the metric ledger
+    release_mechanisms = {"d_privacy": "leakage"}
 
     def summary(self) -> dict[str, Any]:
         p = self.privacy
@@ -76,8 +77,17 @@ class MetricLocal(PrivacyMode):
             refuse(algorithm, "update", "under dprivacy only d-private (sanitized) vectors leave")
         if report.num_samples:
             refuse(algorithm, "num_samples", "the client's dataset size is not sanitized")
-        if any(not isinstance(v, bool) for v in report.extra.values()):
-            refuse(algorithm, "extra", "under dprivacy a report's extra carries flags only")
+
+    def leakage_problem(self, rel: Released) -> str | None:
+        """The record must be what the release costs under this run's nu: a larger nu or a
+        shorter dimension would record less leakage than the noise allows."""
+        leak, nu = rel.leakage, self.privacy.nu
+        dim = int(torch.as_tensor(rel.value).numel()) if rel.value is not None else leak.dim
+        if type(leak) is not MetricLeakage or leak.nu != nu or rel.params.get("nu") != nu:
+            return f"its leakage record must be at the run's privacy.nu = {nu}"
+        if type(leak.dim) is not int or leak.dim != dim:
+            return f"its leakage record must count the {dim} released parameters"
+        return None
 
     def leakages(self, reports: list[ClientReport]) -> list[tuple[ClientReport, MetricLeakage]]:
         return [

@@ -14,13 +14,21 @@ about any sample.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from numbers import Real
 from typing import Any
 
 import numpy as np
 
 from raysim import privacy as privacy_lib
-from raysim.modes.base import PrivacyMode, client_releases, group_releases, refuse
+from raysim.modes.base import (
+    PrivacyMode,
+    client_releases,
+    group_releases,
+    refuse,
+    released_fields,
+)
 from raysim.planning import SampleLevelPlan
 from raysim.privacy import Phase, Released, exponential_select
 from raysim.protocol import Charge, ClientReport
@@ -31,6 +39,7 @@ class SampleLevel(PrivacyMode):
     name = "sample"
     private = True
     trusted_server = False  # DP-SGD protects each sample from the server too
+    release_mechanisms = {"dpsgd": "event", "exponential_selection": "event"}
 
     def __init__(self, cfg, train_sizes, needs) -> None:
         super().__init__(cfg, train_sizes, needs)
@@ -69,10 +78,31 @@ class SampleLevel(PrivacyMode):
         super().check(algorithm, report, task)
         if report.update is not None and not isinstance(report.update, Released):
             refuse(algorithm, "update", "sample-level DP sends only DP-SGD outputs (Released)")
+        for name, rel in released_fields(report):
+            why = self.release_problem(rel)
+            if why is not None:
+                refuse(algorithm, name, why)
+            planned = self._planned_param(report.client_id, rel)
+            if planned is None:
+                continue
+            key, want = planned
+            got = rel.params.get(key)
+            if not isinstance(got, Real) or not math.isclose(got, want, rel_tol=1e-9):
+                refuse(algorithm, name, f"{rel.mechanism} must run at the plan's {key} = {want}")
         assigned = None if task is None else task.cluster
         if report.cluster is not None and not isinstance(report.cluster, Released):
             if report.cluster != assigned:
                 refuse(algorithm, "cluster", "a client's own choice must be released privately")
+
+    def _planned_param(self, client: int, rel: Released) -> tuple[str, float] | None:
+        """The parameter a release's charge is computed from and the value the plan calibrated
+        for it: a release that claims more noise (or a smaller epsilon) would be charged less
+        than what ran, and nobody but the client could tell."""
+        if rel.mechanism == "dpsgd":
+            return "z", float(self.plan.noise_multiplier(client))
+        if rel.mechanism == "exponential_selection":
+            return "epsilon", float(self.needs.selections[1])
+        return None
 
     def charges(self, round: int, reports: list[ClientReport]) -> list[Charge]:
         return group_releases(client_releases(reports))
