@@ -20,6 +20,7 @@ from raysim.metrics.report import comparison_table
 from raysim.metrics.results import AMPLIFIED_LABEL, UNAMPLIFIED_LABEL
 from raysim.metrics.tables import render
 from raysim.privacy import PrivacyLedger
+from raysim.privacy_report import format_report, privacy_report
 
 DISTRIBUTED = {
     "rounds": 3,
@@ -117,3 +118,5 @@ def test_the_sketchs_gaussian_comes_first_without_amplification():
     )
     planned = _independent(delta, z, mode.plan.releases, z_local)
     assert mode.planned_unamplified() == pytest.approx(planned, rel=1e-9)
+    text = format_report(privacy_report(prep, schedule=False))  # `raysim privacy`
+    assert f"({AMPLIFIED_LABEL}) / {planned:.4g} ({UNAMPLIFIED_LABEL})" in text.splitlines()[0]
