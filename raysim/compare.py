@@ -205,6 +205,7 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
         row = {"seed": s["seed"], "dir": str(run_dir), "rounds": s["rounds"], **final}
         row["ari_round1"] = _first_row_value(run_dir, "ari")
         row["epsilon_spent"] = s.get("epsilon")
+        row["epsilon_unamplified"] = s.get("epsilon_unamplified")
         row["warning"] = s.get("warning")
         row["privacy_mode"] = s.get("privacy_mode")
         row["rounds_seconds"] = s.get("rounds_seconds")
@@ -257,6 +258,15 @@ def table_order(out: Path) -> list[str]:
     return [row.split("|")[1].strip().split(" (")[0] for row in list(rows)[2:]]
 
 
+DISTRIBUTED_EPS_NOTE = (
+    "Distributed DP (eps A (noise-cohort, participation hidden) / B (no amplification)): A is "
+    "accounted for a cohort of privacy.noise_cohort_size Poisson-sampled from "
+    "privacy.population, and holds only where who took part is hidden from the server; B is "
+    "the same noise with every secure sum composed (sampling rate 1), what holds where the "
+    "server sees the cohort."
+)
+
+
 def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = None) -> str:
     """Markdown: accuracies in %, mean ± std over seeds; clustering success as k/n seeds."""
     names = [a for a in (order or runs) if a in runs]
@@ -272,7 +282,7 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
     for a in names:
         rs = runs[a]
         from raysim.metrics.report import METRIC_DP, NO_DP
-        from raysim.metrics.results import warning_label
+        from raysim.metrics.results import both_epsilons, warning_label
 
         warnings = sorted({warning_label(r["warning"]) for r in rs if r.get("warning")})
         label = f"{a} ({'; '.join(warnings)})" if warnings else a
@@ -289,6 +299,10 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
             cells.append(NO_DP)  # nothing accounted: not "0", which reads as private
         elif all(r.get("privacy_mode") == "dprivacy" for r in rs):
             cells.append(METRIC_DP)
+        elif all(r.get("epsilon_unamplified") is not None for r in rs):  # distributed
+            amplified = _mean_std([r.get("epsilon_spent") for r in rs], scale=1.0)
+            unamplified = _mean_std([r.get("epsilon_unamplified") for r in rs], scale=1.0)
+            cells.append(both_epsilons(amplified, unamplified))
         else:
             cells.append(_mean_std([r.get("epsilon_spent") for r in rs], scale=1.0))
         ms = [r.get("num_clusters") for r in rs if r.get("num_clusters") is not None]
@@ -303,6 +317,8 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
         "eps spent: the largest per-client eps; min/run: minutes of rounds per run (summed "
         "over its rounds, across resumes)."
     )
+    if any(r.get("epsilon_unamplified") is not None for a in names for r in runs[a]):
+        lines += ["", DISTRIBUTED_EPS_NOTE]
     shared = shared_client_seeds(runs, names)
     for line in ([shared] if shared else []) + machines(runs, names):  # paragraphs of their own
         lines += ["", line]

@@ -105,15 +105,21 @@ def format_report(report: dict[str, Any]) -> str:
             f"total (cap: {_fmt(report['leakage_cap'])}). Not (eps, delta)-DP: the noise scale "
             "reveals ||delta||, and the cluster choice is public."
         )
+    eps = _fmt(report["epsilon"])
+    unamplified = report.get("planned_epsilon_unamplified")
+    if unamplified is not None:  # distributed: both, each with what it assumes
+        from raysim.metrics.results import both_epsilons
+
+        eps = both_epsilons(eps, _fmt(unamplified))
     lines = [
-        f"privacy.mode {report['mode']}: eps {_fmt(report['epsilon'])} at delta "
+        f"privacy.mode {report['mode']}: eps {eps} at delta "
         f"{report['delta']:g} over {report.get('rounds', '?')} rounds (target "
         f"{_fmt(report['target_epsilon'])}; the worst case: every round charged to every "
         "client, at its sampling rate where clients are sampled)",
         f"noise multiplier: {_fmt(report.get('noise_multiplier'))}",
     ]
     skip = {"mode", "epsilon", "delta", "rounds", "target_epsilon", "noise_multiplier"}
-    skip |= {"epsilon_per_round"}
+    skip |= {"epsilon_per_round", "planned_epsilon_unamplified"}
     lines += [f"{k.replace('_', ' ')}: {_fmt(v)}" for k, v in report.items() if k not in skip]
     lines.append("(eps after every round: raysim privacy CONFIG --json)")
     return "\n".join(lines)

@@ -209,6 +209,8 @@ class RoundLoop:
                 row.update(self.judge(reports))
         accounted = algo.privacy.accounts_epsilon  # else missing: never 0, which would say "DP"
         row["epsilon"] = self.ledger.summary()["max_epsilon"] if accounted else float("nan")
+        if accounted:  # e.g. distributed: the eps without amplification by sampling
+            row.update(algo.privacy.other_epsilons(self.ledger))
         row["round_seconds"] = time.perf_counter() - start
         self.history.append(row)
         return row

@@ -3,19 +3,24 @@ dp_accounting computation) and the two noise paths (server draw vs summed client
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
 from dp_accounting.rdp import RdpAccountant
-from scipy import stats
+from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
+from scipy import optimize, stats
 
 from raysim.privacy import PrivacyConfigError
 from raysim.privacy.distributed import (
     SHARE_PURPOSE,
     NoiseCohort,
     cohort_caveat,
+    local_gaussian_event,
     noise_share,
     server_noise,
+    unamplified_epsilon,
 )
 from raysim.seeding import SERVER, numpy_rng
 
@@ -69,3 +74,58 @@ def test_bad_cohorts_and_the_caveat():
         COHORT.noise_std(1.0, 1.0, 0)
     text = cohort_caveat(10_000, 50)
     assert "10000 clients per round" in text and "50 per round" in text
+
+
+def _analytic_gaussian_epsilon(z: float, releases: int, delta: float) -> float:
+    """Balle & Wang 2018 (Theorem 8): T Gaussians of multiplier z compose to one of z/sqrt(T);
+    eps solves delta = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu), mu = sqrt(T)/z."""
+    mu = math.sqrt(releases) / z
+
+    def gap(eps: float) -> float:
+        norm = stats.norm
+        tail = math.exp(eps + norm.logcdf(-mu / 2 - eps / mu))  # e^eps Phi(.), without overflow
+        return norm.cdf(mu / 2 - eps / mu) - tail - delta
+
+    return optimize.brentq(gap, 0.0, 1e4, xtol=1e-12)
+
+
+def _rdp_closed_form_epsilon(z: float, releases: int, delta: float) -> float:
+    """RDP of T Gaussians, T * alpha / (2 z^2), through the RDP -> (eps, delta) conversion of
+    Canonne, Kamath & Steinke 2020 (Prop. 12), minimised over dp_accounting's orders."""
+    best = math.inf
+    for a in DEFAULT_RDP_ORDERS:
+        if a <= 1:
+            continue
+        rdp = releases * a / (2 * z**2)
+        eps = rdp + math.log((a - 1) / a) - (math.log(delta) + math.log(a)) / (a - 1)
+        best = min(best, eps)
+    return max(best, 0.0)
+
+
+@pytest.mark.parametrize("z, releases", [(1.0, 1), (1.032, 100), (0.8, 50), (5.0, 20)])
+def test_unamplified_epsilon_is_the_composed_gaussian(z, releases):
+    rdp = unamplified_epsilon(z, releases, DELTA, "rdp")
+    assert rdp == pytest.approx(_rdp_closed_form_epsilon(z, releases, DELTA), rel=1e-9)
+    exact = _analytic_gaussian_epsilon(z, releases, DELTA)
+    pld = unamplified_epsilon(z, releases, DELTA, "pld")
+    assert exact * (1 - 1e-9) <= pld <= exact * 1.01 + 1e-3  # PLD: pessimistic, discretised
+    assert pld <= rdp  # RDP's conversion is the looser bound
+    # no amplification costs at least what the noise-cohort account says, and far more at q=0.01
+    amplified = _independent_epsilon(z, releases)
+    assert rdp >= amplified
+    assert rdp > 3 * amplified
+
+
+def test_unamplified_epsilon_composes_a_fixed_release_and_refuses_bad_counts():
+    z, zl = 1.0, 3.0
+    alone = unamplified_epsilon(zl, 1, DELTA, "pld")
+    assert unamplified_epsilon(z, 0, DELTA) == 0.0
+    with_sketch = unamplified_epsilon(z, 0, DELTA, "pld", fixed=local_gaussian_event(zl))
+    assert with_sketch == pytest.approx(alone, rel=1e-9)
+    both = unamplified_epsilon(z, 10, DELTA, "pld", fixed=local_gaussian_event(zl))
+    exact = _analytic_gaussian_epsilon(1 / math.sqrt(10 / z**2 + 1 / zl**2), 1, DELTA)
+    assert (
+        exact * (1 - 1e-9) <= both <= exact * 1.01 + 1e-3
+    )  # Gaussians compose as one of 1/z^2 summed
+    with pytest.raises(PrivacyConfigError, match="releases must be >= 0"):
+        unamplified_epsilon(z, -1, DELTA)

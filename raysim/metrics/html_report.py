@@ -28,6 +28,7 @@ import yaml
 
 from raysim.config import ConfigError
 from raysim.metrics.report import METRIC_DP, NO_DP
+from raysim.metrics.results import AMPLIFIED_LABEL, UNAMPLIFIED_LABEL, both_epsilons
 
 # config keys that never split runs into groups: the seed is what a group is taken over
 IGNORED_KEYS = ("seed", "name", "privacy.client_seed")
@@ -154,7 +155,7 @@ def _isnan(v: Any) -> bool:
 
 
 def _final(r: RunData, key: str) -> Any:
-    if key in ("rounds", "rounds_seconds", "epsilon"):
+    if key in ("rounds", "rounds_seconds", "epsilon", "epsilon_unamplified"):
         value = r.summary.get(key)
         if key == "rounds_seconds" and value is None:
             value = r.summary.get("wall_seconds")
@@ -190,17 +191,29 @@ def summary_table(groups: Sequence[Group]) -> tuple[list[str], list[list[str]]]:
             if key == "epsilon" and modes <= {"dprivacy"}:
                 row.append(METRIC_DP)
                 continue
-            ms = _mean_std([_final(r, key) for r in g.runs])
-            if ms is None:
-                row.append("-")
-            else:
-                cell = f"{scale * ms[0]:.{dec}f}"
-                row.append(cell + (f" ± {scale * ms[1]:.{dec}f}" if len(g.runs) > 1 else ""))
+            cell = _cell(g, key, scale, dec)
+            if key == "epsilon" and unamplified(g):  # distributed: both, labelled
+                cell = both_epsilons(cell, _cell(g, "epsilon_unamplified", scale, dec))
+            row.append(cell)
         rows.append(row)
     keep = [i for i in range(len(header)) if i < 4 or any(r[i] != "-" for r in rows)]
     if any(r[3] != "-" for r in rows) and "test loss" in header:  # accuracy says it: no loss
         keep = [i for i in keep if header[i] != "test loss"]
     return [header[i] for i in keep], [[r[i] for i in keep] for r in rows]
+
+
+def _cell(g: Group, key: str, scale: float, dec: int) -> str:
+    """Mean (± std where several seeds) of a final value over the group's runs, or "-"."""
+    ms = _mean_std([_final(r, key) for r in g.runs])
+    if ms is None:
+        return "-"
+    cell = f"{scale * ms[0]:.{dec}f}"
+    return cell + (f" ± {scale * ms[1]:.{dec}f}" if len(g.runs) > 1 else "")
+
+
+def unamplified(g: Group) -> bool:
+    """Whether every run of the group has the eps without amplification (distributed)."""
+    return all(r.summary.get("epsilon_unamplified") is not None for r in g.runs)
 
 
 def per_round(g: Group, column: str) -> pd.DataFrame | None:
@@ -323,6 +336,11 @@ def fig_privacy_utility(groups: Sequence[Group]) -> str:
             continue
         rest = {k: v for k, v in g.varying.items() if k != "privacy.epsilon"}
         name = g.algorithm + "".join(f", {k.split('.')[-1]}={v}" for k, v in rest.items())
+        x_unamplified = _mean_std([r.summary.get("epsilon_unamplified") for r in g.runs])
+        if unamplified(g) and x_unamplified is not None:  # distributed: both, labelled
+            series.setdefault(f"{name} ({AMPLIFIED_LABEL})", []).append((*x, *y, g))
+            series.setdefault(f"{name} ({UNAMPLIFIED_LABEL})", []).append((*x_unamplified, *y, g))
+            continue
         series.setdefault(name, []).append((x[0], x[1], y[0], y[1], g))
     if not series and not flat:
         raise Omitted("no run has both a final test metric and an (eps, delta) it spent")
@@ -330,9 +348,11 @@ def fig_privacy_utility(groups: Sequence[Group]) -> str:
         points.sort(key=lambda p: p[0])
         xs, xerr, ys, yerr = (np.array([p[i] for p in points]) for i in range(4))
         color = colors[points[0][4].label]
+        hollow = name.endswith(f"({UNAMPLIFIED_LABEL})")  # the same runs, without amplification
         ax.errorbar(
             xs, scale * ys, xerr=xerr, yerr=scale * yerr, marker="o", capsize=4, lw=1.5,
-            color=color, label=name,
+            color=color, label=name, ls=":" if hollow else "-",
+            mfc="white" if hollow else color,
         )  # fmt: skip
     for g, (mean, std) in flat:
         ax.axhline(scale * mean, ls="--", color=colors[g.label], label=f"{g.label} (no DP)")
@@ -558,7 +578,14 @@ def fig_client_epsilon(groups: Sequence[Group]) -> str:
         top = per_round(g, "epsilon")
         if top is not None:
             x, y = np.r_[0, top.index.to_numpy()], np.r_[0.0, top["mean"].to_numpy()]
-            ax.plot(x, y, color="black", lw=1.5, ls=":", label="largest (metrics)")
+            label = "largest (metrics)"
+            if unamplified(g):
+                label = f"largest ({AMPLIFIED_LABEL})"
+            ax.plot(x, y, color="black", lw=1.5, ls=":", label=label)
+        without = per_round(g, "epsilon_unamplified")
+        if without is not None:  # distributed: the same noise, no amplification by sampling
+            x, y = np.r_[0, without.index.to_numpy()], np.r_[0.0, without["mean"].to_numpy()]
+            ax.plot(x, y, color="tab:red", lw=1.5, ls="-.", label=f"largest ({UNAMPLIFIED_LABEL})")
         budgets = {r.summary.get("epsilon_budget") for r in g.runs} - {None}
         for b in budgets:
             ax.axhline(b, ls="--", color="grey", lw=1, label="budget")
@@ -679,7 +706,9 @@ SECTIONS = (
         "privacy-utility",
         "Privacy and utility",
         "Final test metric against the eps spent (largest per client), mean over seeds with ± "
-        "one std as error bars; a run without DP is a dashed line (eps = ∞).",
+        "one std as error bars; a run without DP is a dashed line (eps = ∞). A distributed run "
+        f"is drawn twice: at its noise-cohort eps ({AMPLIFIED_LABEL}) and, hollow, at the same "
+        f"noise's eps with no amplification by sampling ({UNAMPLIFIED_LABEL}).",
     ),
     (
         "clients",
@@ -708,7 +737,9 @@ SECTIONS = (
         "From the privacy ledger (privacy.parquet): each client's eps spent after each round, "
         "averaged over seeds, coloured by true cluster (a 5-95% band when there are more than "
         f"{MAX_CLIENT_LINES} clients); the dotted black line is the largest per round "
-        "(metrics.parquet), the dashed one the budget; round 0: before the first.",
+        "(metrics.parquet), the dashed one the budget; round 0: before the first. Under "
+        "distributed DP the dash-dotted red line is the largest eps with no amplification by "
+        "sampling (the same noise; the budget is the noise-cohort eps's).",
     ),
     (
         "audit",
@@ -772,7 +803,10 @@ def render(run_dirs: Sequence[Path], roots: Sequence[Path]) -> str:
         '<p class="what">Final round, mean ± std over seeds (std: <code>np.std</code>, as '
         "compare.md). Accuracy in % of a client's test samples, averaged over clients; worst "
         "client: the lowest; ARI: clusters recovered (1 = every client in its true cluster); "
-        "eps spent: the largest per-client eps at the run's delta.</p>"
+        "eps spent: the largest per-client eps at the run's delta; under distributed DP, "
+        f"A ({AMPLIFIED_LABEL}) / B ({UNAMPLIFIED_LABEL}): A is accounted for the noise cohort "
+        "Poisson-sampled from the population and holds only where who took part is hidden from "
+        "the server, B is the same noise with every secure sum composed.</p>"
     )
     body.append(_table(header, rows))
     body.append(_runs_list(groups, roots))

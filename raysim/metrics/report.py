@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from raysim.metrics.results import load_run
+from raysim.metrics.results import both_epsilons, load_run
 
 NO_DP = "∞ (no DP)"
 METRIC_DP = "- (metric DP)"
@@ -34,7 +34,9 @@ COLUMNS = (
 LEGEND = (
     "accuracy in % (test accuracy averaged over clients; minority = the smallest true cluster,\n"
     "majority = the others); ARI: clusters recovered (1 = every client in its true cluster);\n"
-    "eps spent: the largest per-client epsilon at the run's delta"
+    "eps spent: the largest per-client epsilon at the run's delta (distributed: the noise-cohort\n"
+    "eps, which needs participation hidden from the server, / the same noise's eps without\n"
+    "amplification by sampling)"
 )
 
 
@@ -44,7 +46,13 @@ def _cell(fmt: str, value: Any, summary: dict[str, Any]) -> str:
             return NO_DP
         if summary.get("privacy_mode") == "dprivacy":  # metric DP: leakage, not (eps, delta)
             return METRIC_DP
-        return "-" if value is None else f"{value:.2f} (delta {summary.get('delta'):g})"
+        if value is None:
+            return "-"
+        unamplified = summary.get("epsilon_unamplified")
+        eps = f"{value:.2f}"
+        if unamplified is not None:  # distributed: both, each with what it assumes
+            eps = both_epsilons(eps, f"{unamplified:.2f}")
+        return f"{eps} (delta {summary.get('delta'):g})"
     if value is None:
         return "-"
     if fmt == "pct":
@@ -100,7 +108,13 @@ def comparison_plot(run_dirs: Sequence[Path], path: Path) -> None:
 
     first, _ = load_run(Path(run_dirs[0]))
     if first.get("privacy_mode") != "none":
-        fig.suptitle(f"{first['dataset']}: eps {first.get('epsilon_budget')} per client")
+        title = f"{first['dataset']}: eps {first.get('epsilon_budget')} per client"
+        unamplified = first.get("epsilon_unamplified")
+        if unamplified is not None:  # distributed: the budget is the noise-cohort eps
+            title = f"{first['dataset']}: eps " + both_epsilons(
+                f"{first.get('epsilon_budget')}", f"{unamplified:.3g}"
+            )
+        fig.suptitle(title)
     axes[0].set_title("all clients")
     axes[1].set_title("minority cluster")
     axes[0].set_ylabel("test accuracy (%)")

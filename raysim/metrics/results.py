@@ -25,6 +25,16 @@ LEDGER_COLUMNS = [
     ("epsilon", pa.float64()),
 ]
 
+# what each eps holds under, where a run has both (distributed: the noise-cohort eps assumes the
+# cohort's participation is hidden from the server; the other is the same noise, no sampling)
+AMPLIFIED_LABEL = "noise-cohort, participation hidden"
+UNAMPLIFIED_LABEL = "no amplification"
+EPSILON_LABELS = {
+    "epsilon": f"{AMPLIFIED_LABEL}: amplified by Poisson sampling at noise_cohort_size/population",
+    "epsilon_unamplified": f"{UNAMPLIFIED_LABEL}: the same noise, every secure sum composed "
+    "(what holds where the server sees who took part)",
+}
+
 RESULT_FILES = (
     "config.yaml",
     "metrics.parquet",
@@ -130,6 +140,9 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
         "gpus_per_worker": results.get("gpus_per_worker"),
         "workers_replaced": results.get("workers_replaced", 0),
     }
+    if history and "epsilon_unamplified" in history[-1]:  # distributed: both, labelled
+        summary["epsilon_unamplified"] = json_safe(history[-1]["epsilon_unamplified"])
+        summary["epsilon_labels"] = dict(EPSILON_LABELS)
     if any("dropped_out" in r for r in history):  # training.client_dropout: how many, in all
         summary["dropped_out"] = sum(r.get("dropped_out", 0) for r in history)
     if any("aborted" in r for r in history):  # privacy.shortfall: abort, rounds that released none
@@ -201,6 +214,13 @@ def plot_run(run_dir: Path) -> None:
     if not accounts_epsilon(summary.get("privacy", {}), mode):  # eps is not 0: not defined
         text = "no DP: eps = ∞" if mode == "none" else "metric DP: leakage.png"
         ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+    elif "epsilon_unamplified" in m:  # distributed: both eps, each with what it assumes
+        ax.plot(m["round"], m["epsilon"], marker=".", label=f"eps ({AMPLIFIED_LABEL})")
+        ax.plot(
+            m["round"], m["epsilon_unamplified"], marker=".", label=f"eps ({UNAMPLIFIED_LABEL})"
+        )
+        ax.set_title("distributed DP: eps with and without amplification by sampling", fontsize=9)
+        ax.legend(fontsize=7)
     else:
         ax.plot(m["round"], m["epsilon"], marker=".")
     ax.set_xlabel("round")
@@ -220,6 +240,11 @@ def plot_run(run_dir: Path) -> None:
         fig.tight_layout()
         fig.savefig(run_dir / "clip.png", dpi=100)
         plt.close(fig)
+
+
+def both_epsilons(eps: str, unamplified: str) -> str:
+    """A distributed run's two eps, already formatted, each labelled with what it assumes."""
+    return f"{eps} ({AMPLIFIED_LABEL}) / {unamplified} ({UNAMPLIFIED_LABEL})"
 
 
 def warning_label(warning: str) -> str:

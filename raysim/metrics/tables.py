@@ -20,6 +20,7 @@ from raysim.metrics.html_report import (
     load_runs,
     summary_table,
 )
+from raysim.metrics.results import EPSILON_LABELS
 
 FORMATS = ("html", "json", "csv", "markdown")
 
@@ -45,6 +46,13 @@ def group_records(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
             record[f"{key}_mean"] = None if ms is None else ms[0]
             record[f"{key}_std"] = None if ms is None else ms[1]
             record[f"{key}_n"] = sum(v is not None for v in values)
+        if any(r.summary.get("epsilon_unamplified") is not None for r in g.runs):
+            values = [_final(r, "epsilon_unamplified") for r in g.runs]  # distributed
+            ms = _mean_std(values)
+            record["epsilon_unamplified_mean"] = None if ms is None else ms[0]
+            record["epsilon_unamplified_std"] = None if ms is None else ms[1]
+            record["epsilon_unamplified_n"] = sum(v is not None for v in values)
+            record["epsilon_labels"] = dict(EPSILON_LABELS)
         records.append(record)
     return records
 

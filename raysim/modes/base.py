@@ -298,6 +298,12 @@ class PrivacyMode:
         ``charges``)."""
         return []
 
+    def other_epsilons(self, ledger: Any) -> dict[str, float]:
+        """Epsilons beside the ledger's, for the round's metrics row: where the ledger's holds
+        only under an assumption (distributed: participation hidden), what holds without it.
+        Read from the ledger (checkpointed), so a resumed run counts the same."""
+        return {}
+
 
 # ------------------------------------------------------------------------------------ helpers
 

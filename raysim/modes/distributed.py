@@ -67,6 +67,7 @@ from raysim.privacy.distributed import (
     calibrate_local,
     cohort_caveat,
     local_gaussian_event,
+    unamplified_epsilon,
 )
 from raysim.privacy.events import dp_event
 from raysim.protocol import (
@@ -80,6 +81,7 @@ from raysim.protocol import (
 )
 
 SKETCH_MECHANISM = "local_gaussian_sketch"
+SECURE_MECHANISM = "secure_gaussian"
 
 # (round, members, aggregator) -> the sums, computed (and noised) where the contributions are
 SecureSumsOf = Callable[[int, list[int], SecureAggregator], SecureSums]
@@ -201,6 +203,7 @@ class Distributed(PrivacyMode):
             "population": self.population,
             "noise_std": self.std,
             "caveat": cohort_caveat(p.noise_cohort_size, self.cohort),
+            "planned_epsilon_unamplified": self.planned_unamplified(),
             **({"clip_quantile": p.clip_quantile, "clip_lr": p.clip_lr} if self.adaptive else {}),
         }
 
@@ -375,8 +378,28 @@ class Distributed(PrivacyMode):
             return [Charge(SKETCH_MECHANISM, event, list(participants), params)]
         return [self.secure_charge()]
 
+    def other_epsilons(self, ledger: Any) -> dict[str, float]:
+        """``epsilon_unamplified``: the worst client's eps with no amplification by sampling,
+        for the secure sums released so far (the sketch's Gaussian first, if any client sent
+        one): what a server that sees the cohort would grant for the same noise."""
+        releases = ledger.count(SECURE_MECHANISM)
+        sketched = ledger.count(SKETCH_MECHANISM, population=False) > 0
+        z_l = self.plan.local_noise
+        fixed = local_gaussian_event(z_l) if sketched and z_l is not None else None
+        p = self.privacy
+        eps = unamplified_epsilon(self.plan.noise, releases, p.delta, p.accountant, fixed)
+        return {"epsilon_unamplified": eps}
+
+    def planned_unamplified(self) -> float:
+        """The whole planned schedule's eps with no amplification (sketch included)."""
+        z_l, p = self.plan.local_noise, self.privacy
+        fixed = None if z_l is None else local_gaussian_event(z_l)
+        return unamplified_epsilon(
+            self.plan.noise, self.plan.releases, p.delta, p.accountant, fixed
+        )
+
     def secure_charge(self) -> Charge:
         """One secure sum, charged to the whole population."""
         params = {"z": self.plan.noise, "q": self.noise_rate, "sampling": "poisson"}
         event = self.noise_cohort.round_event(self.plan.noise)
-        return Charge("secure_gaussian", event, None, params)
+        return Charge(SECURE_MECHANISM, event, None, params)

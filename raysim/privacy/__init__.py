@@ -57,7 +57,10 @@ _LAZY = {
         ),
         "calibration",
     ),
-    **dict.fromkeys(("NoiseCohort", "cohort_caveat", "noise_share", "server_noise"), "distributed"),
+    **dict.fromkeys(
+        ("NoiseCohort", "cohort_caveat", "noise_share", "server_noise", "unamplified_epsilon"),
+        "distributed",
+    ),
     "PrivacyLedger": "ledger",
 }
 

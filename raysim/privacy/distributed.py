@@ -139,6 +139,30 @@ def calibrate_local(
     )
 
 
+def unamplified_epsilon(
+    noise_multiplier: float,
+    releases: int,
+    delta: float,
+    accountant: AccountantKind = "rdp",
+    fixed: dp_event.DpEvent | None = None,
+) -> float:
+    """Epsilon of ``releases`` secure sums at ``noise_multiplier`` with no amplification by
+    sampling (rate 1: every release composes), after ``fixed`` (e.g. PINA's local sketch).
+
+    The noise-cohort epsilon holds only where who took part is hidden from the server; a server
+    that sees the cohort gets this one instead, for the same noise. Same events and accountant
+    as the amplified account, with the sampling left out."""
+    if releases < 0:
+        raise PrivacyConfigError(f"releases must be >= 0, got {releases}")
+    events = [] if fixed is None else [fixed]
+    if releases:
+        events.append(privacy_lib.central_event(releases, 1.0, noise_multiplier))
+    if not events:
+        return 0.0
+    event = events[0] if len(events) == 1 else dp_event.ComposedDpEvent(events)
+    return privacy_lib.epsilon(event, delta, accountant)
+
+
 def cohort_caveat(noise_cohort: float, cohort: float) -> str:
     """The sentence every output of a noise-cohort run must carry."""
     return (

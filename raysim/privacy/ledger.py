@@ -289,6 +289,15 @@ class PrivacyLedger:
                     f"delta={self.delta}"
                 )
 
+    def count(self, mechanism: str, population: bool = True) -> int:
+        """How many times ``mechanism`` was charged: population-wide charges (``population``),
+        or else the rows of charges to named clients."""
+        return sum(
+            1
+            for acc, _, mech, _, _ in self._rows
+            if mech == mechanism and (acc is None) == population
+        )
+
     def rows(self) -> list[dict]:
         """One row per (client, charge): client (None: population), round, mechanism, params
         (JSON), epsilon spent by that account after the charge."""
