@@ -273,3 +273,27 @@ def test_distributed_learns_its_clip_inside_the_secure_sum_at_the_fixed_budget(t
         inline_run(died, DISTRIBUTED, die_after=2)
     resumed = inline_run(died, DISTRIBUTED, resume=load_checkpoint(staging_dir(died)))
     assert whole.equals(resumed)  # the learnt clip travels in the checkpoint
+
+
+def test_the_clip_plot_is_drawn_where_every_secure_sum_was_aborted(tmp_path):
+    """An aborted round records its clip but no noisy share: the plot draws the clip alone
+    instead of failing the finished run at its last step."""
+    import json
+
+    import pandas as pd
+
+    from raysim.metrics.results import plot_run
+
+    pd.DataFrame(
+        {"round": [1, 2], "clip": [1.0, 1.0], "aborted": [1.0, 1.0], "epsilon": [0.5, 1.0]}
+    ).to_parquet(tmp_path / "metrics.parquet")
+    summary = {
+        "algorithm": "fedavg",
+        "dataset": "digits",
+        "privacy_mode": "distributed",
+        "delta": 1e-5,
+        "privacy": {"accounts_epsilon": True, "clip_quantile": 0.5},
+    }
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    plot_run(tmp_path)
+    assert (tmp_path / "clip.png").is_file()

@@ -233,9 +233,10 @@ def plot_run(run_dir: Path) -> None:
         ax.plot(m["round"], m["clip"], marker=".", label="clip")
         ax.set_xlabel("round")
         ax.set_ylabel("clip (update L2 norm)")
-        share = ax.twinx()
-        share.plot(m["round"], m["unclipped_fraction"], color="tab:orange", alpha=0.6, lw=1)
-        share.set_ylabel("noisy share of updates under the clip", color="tab:orange")
+        if "unclipped_fraction" in m:  # absent where every round's secure sum was aborted
+            share = ax.twinx()
+            share.plot(m["round"], m["unclipped_fraction"], color="tab:orange", alpha=0.6, lw=1)
+            share.set_ylabel("noisy share of updates under the clip", color="tab:orange")
         ax.set_title(f"adaptive clipping to the {summary['privacy'].get('clip_quantile')} quantile")
         fig.tight_layout()
         fig.savefig(run_dir / "clip.png", dpi=100)

@@ -40,18 +40,15 @@ def group_records(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
             "privacy_mode": "/".join(sorted({str(r.summary.get("privacy_mode")) for r in g.runs})),
             "rounds": max(int(r.summary.get("rounds") or 0) for r in g.runs),
         }
-        for _, key, _, _ in SUMMARY_COLUMNS:
+        keys = [key for _, key, _, _ in SUMMARY_COLUMNS]
+        both = any(r.summary.get("epsilon_unamplified") is not None for r in g.runs)
+        for key in keys + ["epsilon_unamplified"] * both:  # distributed: both eps
             values = [_final(r, key) for r in g.runs]
             ms = _mean_std(values)
             record[f"{key}_mean"] = None if ms is None else ms[0]
             record[f"{key}_std"] = None if ms is None else ms[1]
             record[f"{key}_n"] = sum(v is not None for v in values)
-        if any(r.summary.get("epsilon_unamplified") is not None for r in g.runs):
-            values = [_final(r, "epsilon_unamplified") for r in g.runs]  # distributed
-            ms = _mean_std(values)
-            record["epsilon_unamplified_mean"] = None if ms is None else ms[0]
-            record["epsilon_unamplified_std"] = None if ms is None else ms[1]
-            record["epsilon_unamplified_n"] = sum(v is not None for v in values)
+        if both:
             record["epsilon_labels"] = dict(EPSILON_LABELS)
         records.append(record)
     return records
