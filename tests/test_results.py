@@ -42,10 +42,32 @@ def committed_runs() -> list[Path]:
     return sorted(p for t in TABLES for p in (RESULTS / t).glob("*/seed*") if p.is_dir())
 
 
+# results/<folder> written by a script, not by runs: the script and the docs page quoting it
+SCRIPT_TABLES = {
+    "galli-synthetic": ("scripts/galli_synthetic.py", "docs/results/group-privacy.md"),
+}
+
+
 def test_every_results_folder_is_a_known_table():
     folders = {p.name for p in RESULTS.iterdir() if p.is_dir()}
-    assert folders <= set(TABLES), f"add {sorted(folders - set(TABLES))} to TABLES"
+    known = set(TABLES) | set(SCRIPT_TABLES)
+    assert folders <= known, f"add {sorted(folders - known)} to TABLES or SCRIPT_TABLES"
     assert committed_runs(), "results/ holds no run"
+
+
+@pytest.mark.parametrize("folder", sorted(SCRIPT_TABLES))
+def test_a_scripts_table_is_what_its_docs_page_quotes(folder):
+    """Each row's "both within 1" shares, at T and at the stop, as the script wrote them, are
+    the docs page's (so a rerun that changes them must change the page too)."""
+    script, page = SCRIPT_TABLES[folder]
+    assert (REPO / script).is_file()
+    summary = json.loads((RESULTS / folder / "summary.json").read_text())
+    text = (REPO / page).read_text()
+    for setting, row in summary.items():
+        shares = f"{100 * row['both_within_1']:.0f}%"
+        stop = f"{100 * row['by_patience']['6']['both_within_1']:.0f}%"
+        quoted = [line for line in text.splitlines() if line.startswith("|") and shares in line]
+        assert any(stop in line for line in quoted), (setting, shares, stop)
 
 
 @pytest.mark.parametrize("run_dir", committed_runs(), ids=lambda p: str(p.relative_to(RESULTS)))

@@ -71,9 +71,9 @@ class ClientWorker(Renewable):
         self.device = pick_device(num_gpus)
         # seeded like the run's initial weights; the frozen part is the same in every process
         model = build_from_spec(model_spec, ds.feature_shape, ds.num_classes, init_seed(seed))
-        self.trainer = LocalTrainer(
-            model, ds.task, self.device, regression_loss=algorithm.cfg.training.regression_loss
-        )
+        # a worker given no algorithm (it only evaluates, or a test's) trains with the default
+        loss = "mse" if algorithm is None else algorithm.cfg.training.regression_loss
+        self.trainer = LocalTrainer(model, ds.task, self.device, regression_loss=loss)
         self.trainer.vectorize = vectorize
         self.seed = seed if client_seed is None else client_seed  # of the clients' draws
         self.client_side = client_side
