@@ -886,17 +886,18 @@ class ExperimentConfig(_Section):
         return self
 
 
+def dotted(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping (a loaded config) as dotted keys to its leaf values."""
+    if not isinstance(d, dict):
+        return {prefix[:-1]: d}
+    return {k: v for key, val in d.items() for k, v in dotted(val, f"{prefix}{key}.").items()}
+
+
 def changed_keys(a: str, b: str) -> list[str]:
     """Dotted keys whose values differ between two dumped configs, ``runtime`` and ``tracking``
     aside (how a run is executed and where it is also logged do not change its numbers): what a
     resumed run may not change."""
-
-    def flat(d: Any, prefix: str = "") -> dict[str, Any]:
-        if not isinstance(d, dict):
-            return {prefix[:-1]: d}
-        return {k: v for key, val in d.items() for k, v in flat(val, f"{prefix}{key}.").items()}
-
-    fa, fb = flat(yaml.safe_load(a)), flat(yaml.safe_load(b))
+    fa, fb = dotted(yaml.safe_load(a)), dotted(yaml.safe_load(b))
     keys = {k for k in fa.keys() | fb.keys() if not k.startswith(("runtime.", "tracking."))}
     return sorted(k for k in keys if fa.get(k) != fb.get(k))
 

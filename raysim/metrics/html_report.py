@@ -26,7 +26,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import yaml
 
-from raysim.config import ConfigError
+from raysim.config import ConfigError, dotted
 from raysim.metrics.report import METRIC_DP, NO_DP
 from raysim.metrics.results import AMPLIFIED_LABEL, UNAMPLIFIED_LABEL, both_epsilons
 
@@ -78,15 +78,11 @@ class Group:
 # ------------------------------------------------------------------------------- reading
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = json.dumps(v, sort_keys=True) if isinstance(v, list) else v
-    return out
+def _flatten(d: dict[str, Any]) -> dict[str, Any]:
+    """A config's dotted keys, lists as JSON text (so that they compare and group)."""
+    return {
+        k: json.dumps(v, sort_keys=True) if isinstance(v, list) else v for k, v in dotted(d).items()
+    }
 
 
 def _parquet(path: Path) -> pd.DataFrame | None:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from raysim.config import ConfigError, ExperimentConfig, TrackingConfig, dump_config
+from raysim.config import ConfigError, ExperimentConfig, TrackingConfig, dotted, dump_config
 
 INSTALL = "pip install -e '.[tracking]'"
 # the modules each backend imports (the distributions of the `tracking` extra)
@@ -45,17 +45,8 @@ def check_available(tracking: TrackingConfig) -> None:
 def flat_params(cfg: ExperimentConfig) -> dict[str, str]:
     """The config as dotted keys and text values (``training.lr: '0.1'``), as trackers keep
     params; lists and nulls as JSON."""
-    out: dict[str, str] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, f"{prefix}{key}.")
-        else:
-            out[prefix[:-1]] = node if isinstance(node, str) else json.dumps(node)
-
-    walk(yaml.safe_load(dump_config(cfg)), "")
-    return out
+    leaves = dotted(yaml.safe_load(dump_config(cfg)))
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in leaves.items()}
 
 
 def round_metrics(row: dict[str, Any]) -> dict[str, float]:

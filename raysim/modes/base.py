@@ -53,7 +53,6 @@ SELECTED = ExtraField(bool, (True,), asked_by="select")
 def _event_of(mechanism: str, params: Mapping[str, Any]) -> Any:
     """The DpEvent a release's parameters determine (None: not a mechanism with one)."""
     from raysim import privacy as privacy_lib
-    from raysim.privacy import Phase
     from raysim.privacy.distributed import local_gaussian_event
 
     if mechanism == "dpsgd":
