@@ -49,12 +49,19 @@ ACCURACY_COLUMNS = (
 # ------------------------------------------------------------------------------ running
 
 
-def inline_loop(prep: Any, device: str | None = None, apart: bool = False) -> Any:
+def inline_loop(
+    prep: Any,
+    device: str | None = None,
+    apart: bool = False,
+    make_worker: Callable[..., Any] | None = None,
+) -> Any:
     """The engine's round loop (``raysim.rounds.RoundLoop``) for this process, without Ray: the
     clients run on one ``ClientWorker``, as they would on a worker actor: here, or with
     ``apart`` in a child process with the clients' side (``runtime.client_side.ClientsProcess``:
     the clients' states and secure inputs never in this process, the server's; its
-    ``loop.clients`` is to be closed)."""
+    ``loop.clients`` is to be closed). ``make_worker``: builds the worker from ClientWorker's
+    arguments, to run the clients here (the black-box audit's canary clients,
+    ``raysim.audit.clients``)."""
     import torch
 
     from raysim.metrics.evaluation import Judge
@@ -71,11 +78,13 @@ def inline_loop(prep: Any, device: str | None = None, apart: bool = False) -> An
     args = (copy.deepcopy(prep.algorithm), prep.dataset, model_spec(cfg), cfg.seed)
     args += (rt.threads_per_worker, gpus, rt.vectorize, prep.client_seed)
     clients = None
+    if apart and make_worker is not None:
+        raise ValueError("make_worker runs the clients in this process: not with apart")
     if apart:
         secure = prep.privacy_summary.get("secure_spec")
         judge = Judge(np.asarray(prep.truth), cfg.training.early_stop_patience)
         clients = ClientsProcess(args, rt.checkpoint_every > 0, prep.client_seed, secure, judge)
-    worker = clients or ClientWorker(*args)
+    worker = clients or (make_worker or ClientWorker)(*args)
     size = group_size(rt.client_group_size, gpus)  # the same groups as on Ray
 
     def execute(kind: str, round: int, models: list[Any], tasks: list[Any]) -> list[Any]:

@@ -14,8 +14,10 @@ Jagielski (2023) is taken on those scores.
 The claim is the largest epsilon the run's own ledger charged any client: each canary is one
 example of one client, so each is protected at least that well.
 
-The multi-run black-box audit (R full trainings, one canary each) and the canary clients of
-``client`` / ``distributed`` are not built: the command refuses them.
+``client`` and ``distributed`` are audited with canary CLIENTS instead (``raysim.audit.clients``:
+an update of norm C along a fixed direction, scored by the final model's move along it).
+``dprivacy`` and the multi-run black-box audit (R full trainings, one canary each) are not
+built: the command refuses them (docs/audit.md says why).
 """
 
 from __future__ import annotations
@@ -31,18 +33,20 @@ from raysim.data.federated import FederatedDataset, make_table
 from raysim.data.sources import PIXEL_SCALE
 from raysim.seeding import SERVER, numpy_rng
 
-MODES = ("sample", "none")  # the modes the black-box audit runs
+MODES = ("sample", "none")  # input-space canaries
+CLIENT_MODES = ("client", "distributed")  # canary clients (raysim.audit.clients)
 VIEW = "final models (black-box: the model each canary's client is judged on)"
 CANARIES = 500  # default canaries, capped at half the population's train rows
 
 
 def check_request(mode: str, runs: int, participation: str) -> None:
     """Refuse what the black-box audit does not run, naming the flag or the field."""
-    if mode not in MODES:
+    if mode not in MODES + CLIENT_MODES:
         raise ConfigError(
-            f"privacy.mode: --adversary black-box audits only {' and '.join(MODES)} "
-            f"(input-space canaries in the clients' data), not {mode!r}: use --adversary "
-            "white-box for it (docs/audit.md)"
+            f"privacy.mode: --adversary black-box audits {', '.join(MODES + CLIENT_MODES)}, "
+            f"not {mode!r}: a black-box audit of metric DP needs canaries at a known distance "
+            "in the final model, which is not built; use --adversary white-box for it "
+            "(docs/audit.md)"
         )
     if runs != 1:
         raise ConfigError(
@@ -187,6 +191,10 @@ def blackbox_audit(
     from raysim.experiment import build_dataset
 
     check_request(cfg.privacy.mode, 1, "hidden")
+    if cfg.privacy.mode in CLIENT_MODES:
+        from raysim.audit.clients import canary_client_audit
+
+        return canary_client_audit(cfg, prepare, canaries, seed, confidence, progress)
     t0 = time.perf_counter()
     base = build_dataset(cfg)
     m = default_canaries(base) if canaries is None else canaries
