@@ -87,8 +87,15 @@ def test_cli_black_box_writes_the_adversary_and_report_shows_it(tmp_path, capsys
             ["--adversary", "black-box", "--set", "privacy.mode=sample", "--participation", "told"],
             "--participation",
         ),
-        (["--adversary", "black-box"], "privacy.mode"),  # client mode: not built black-box
-        (["--adversary", "black-box", "--set", "privacy.mode=distributed"], "distributed"),
+        (["--adversary", "black-box", "--set", "privacy.mode=dprivacy"], "privacy.mode"),
+        (
+            ["--adversary", "black-box", "--set", "training.sampling=without_replacement"],
+            "training.sampling",
+        ),
+        (
+            ["--adversary", "black-box", "--canaries", "651"],  # more than the 650 weights
+            "--canaries",
+        ),
         (
             ["--adversary", "black-box", "--set", "privacy.mode=sample", "--canaries", "1"],
             "--canaries",
@@ -100,3 +107,112 @@ def test_cli_refuses_bad_black_box_input(argv, field, tmp_path, capsys):
     err = capsys.readouterr().err
     assert field in err
     assert not (tmp_path / "x" / "audit.json").exists()
+
+
+# ------------------------------------------------ canary clients (client, distributed)
+
+# the noise cohort is the whole population of 12 clients and 200 canary slots (q = 1)
+WHOLE = ["privacy.noise_cohort_size=212", "privacy.population=212", "privacy.client_seed=0"]
+CANARY_CLIENTS = 200
+
+
+def _noise_off(monkeypatch, mode: str) -> None:
+    """The calibrated noise silently scaled to a thousandth where the mode draws it (tests
+    only): the ledger still charges the calibrated multiplier."""
+    if mode == "client":
+        import raysim.modes.client as client
+
+        real = client.gaussian_mechanism
+        monkeypatch.setattr(
+            client, "gaussian_mechanism", lambda t, s, z, rng: real(t, s, z * 1e-3, rng)
+        )
+    else:
+        import raysim.modes.secure as secure
+
+        real = secure.server_noise
+        monkeypatch.setattr(secure, "server_noise", lambda std, *a: real(std * 1e-3, *a))
+
+
+@pytest.mark.parametrize("mode", ["client", "distributed"])
+@pytest.mark.parametrize("eps", [2.0, 8.0])
+def test_canary_clients_bound_stays_under_the_claim(mode, eps):
+    sets = [f"privacy.mode={mode}", f"privacy.epsilon={eps}", "rounds=2"]
+    result, rows, prep = _audit(sets + (WHOLE if mode == "distributed" else []), CANARY_CLIENTS)
+    assert result.adversary == "black-box" and result.mode == mode
+    assert result.claimed_epsilon == pytest.approx(eps, rel=0.02)
+    assert 0 <= result.lower_bound <= result.claimed_epsilon
+    n = prep.dataset.num_clients - CANARY_CLIENTS
+    np.testing.assert_array_equal(rows["client"], np.arange(n, n + CANARY_CLIENTS))
+
+
+@pytest.mark.parametrize("mode", ["client", "distributed"])
+def test_canary_clients_without_noise_the_attack_has_power(mode, monkeypatch):
+    """The same training with the noise scaled to ~0 where the mode draws it: the final model
+    gives the canaries away (the bound far above the claim: the fault is caught), clearly more
+    than with the noise."""
+    sets = [f"privacy.mode={mode}", "privacy.epsilon=2", "rounds=2"]
+    sets += WHOLE if mode == "distributed" else []
+    private, _, _ = _audit(sets, CANARY_CLIENTS)
+    _noise_off(monkeypatch, mode)
+    open_, rows, _ = _audit(sets, CANARY_CLIENTS)
+    assert open_.claimed_epsilon == pytest.approx(2.0, rel=0.02)  # charged as calibrated
+    assert open_.lower_bound > open_.claimed_epsilon
+    assert open_.lower_bound > private.lower_bound + 1.0
+    s, inc = rows["score"], rows["included"]
+    assert s[inc].min() > s[~inc].max()  # every canary told apart
+
+
+def test_excluded_canary_clients_never_take_part(monkeypatch):
+    """Soundness: an excluded canary trains nothing and sends nothing in any round (it does not
+    exist for the mechanism), an included one takes part in every round at rate 1, and the
+    mode calibrated for the whole population with every canary slot."""
+    from raysim import compare
+
+    seen, real = {}, compare.inline_loop
+
+    def spy(prep, *a, **kw):
+        loop = real(prep, *a, **kw)
+        seen["loop"] = loop
+        return loop
+
+    monkeypatch.setattr(compare, "inline_loop", spy)
+    _, rows, prep = _audit(["rounds=3"], 40)
+    loop = seen["loop"]
+    ids, inc = rows["client"], rows["included"]
+    assert loop.num_clients == 12 + 40 == prep.algorithm.env.num_clients
+    np.testing.assert_array_equal(loop.rounds_reported[ids[~inc]], 0)
+    np.testing.assert_array_equal(loop.rounds_reported[ids[inc]], 3)
+    np.testing.assert_array_equal(loop.rounds_reported[:12], 3)
+
+
+def test_canary_trainer_returns_the_fixed_update():
+    import torch
+
+    from raysim.audit.clients import CanaryTrainer
+
+    u = torch.tensor([0.6, 0.8, 0.0])
+    inner = type("Inner", (), {"dim": 3, "evaluate": lambda self, *a: "evaluated"})()
+    t = CanaryTrainer(inner, u)
+    x = np.zeros((5, 2))
+    (res,) = t.train_many([torch.zeros(3)], [(x, np.zeros(5))], [None], [None])
+    assert torch.equal(res.update, u) and res.num_samples == 5 and res.update_norm == 1.0
+    res.update.zero_()  # a release that edits its update leaves the canary's own intact
+    assert torch.equal(t.train(torch.zeros(3), x, None, None, None).update, u)
+    assert t.dim == 3 and t.evaluate() == "evaluated"
+
+
+def test_canary_client_population():
+    from raysim.audit.clients import with_canary_clients
+    from raysim.experiment import build_dataset
+
+    base = build_dataset(load_config(CONFIG))
+    ds = with_canary_clients(base, 30)
+    assert ds.num_clients == base.num_clients + 30
+    np.testing.assert_array_equal(ds.train_sizes[: base.num_clients], base.train_sizes)
+    np.testing.assert_array_equal(ds.train_sizes[base.num_clients :], 1)
+    for c in range(base.num_clients):
+        np.testing.assert_array_equal(ds.client_train(c)[1], base.client_train(c)[1])
+    j = base.num_clients + 13  # a copy of one train and one test row of client 13 mod 12
+    np.testing.assert_array_equal(ds.client_train(j)[0], base.client_train(1)[0][:1])
+    np.testing.assert_array_equal(ds.client_test(j)[0], base.client_test(1)[0][:1])
+    assert ds.true_cluster[j] == base.true_cluster[1]
