@@ -126,7 +126,9 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
         "Steinke et al.)",
     )
     p.add_argument(
-        "--canaries", type=int, help="canaries per release (one run only; default 1 / 500)"
+        "--canaries",
+        type=int,
+        help="canaries per release, or canary clients (one run only; default 1 / 500)",
     )
     p.add_argument(
         "--participation",
@@ -137,7 +139,8 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
         "--adversary",
         default="white-box",
         help="white-box (what the mode admits to the server; default) or black-box (the final "
-        "models of one real training: sample mode, --runs 1)",
+        "models of one real training, --runs 1: input-space canaries for sample and none, "
+        "canary clients for client and distributed)",
     )
     p.add_argument("--confidence", type=float, default=0.95, help="one-sided (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="the audit's seed")

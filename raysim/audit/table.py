@@ -35,6 +35,29 @@ BLACK_BOX_ROWS: list[tuple[str, list[str], tuple[float, ...]]] = [
 ]
 
 
+# the canary-client rows (client, distributed): the same training; under distributed the noise
+# cohort is the whole population, the config's 12 clients and the 500 canary slots (q = 1), or
+# half of it (q = 0.5, the claim amplified by sampling)
+CANARY_CLIENT_ROWS: list[tuple[str, list[str], tuple[float, ...]]] = [
+    ("client", ["privacy.mode=client"], (2.0, 8.0)),
+    (
+        "distributed",
+        ["privacy.mode=distributed", "privacy.noise_cohort_size=512", "privacy.population=512"],
+        (2.0, 8.0),
+    ),
+    (
+        "distributed q=0.5",
+        [
+            "privacy.mode=distributed",
+            "training.sampling_rate=0.5",
+            "privacy.noise_cohort_size=256",
+            "privacy.population=512",
+        ],
+        (2.0, 8.0),
+    ),
+]
+
+
 def full_table(runs: int = 20_000, budgets: tuple[float, ...] = (2.0, 8.0)) -> list[AuditResult]:
     from raysim.cli import _prepare
     from raysim.compare import for_algorithm
@@ -79,6 +102,39 @@ def black_box_table(client_seed: int = 0) -> list[AuditResult]:
     return out
 
 
+def canary_client_table(seed: int = 0) -> list[AuditResult]:
+    """The canary-client rows (``--adversary black-box``, 500 canary clients, audit ``seed``;
+    the clients' seed 0 under distributed, whose noise it draws)."""
+    from raysim.audit.blackbox import blackbox_audit
+    from raysim.cli import _prepare
+    from raysim.compare import for_algorithm
+    from raysim.config import load_config
+
+    out = []
+    for _, sets, budgets in CANARY_CLIENT_ROWS:
+        for eps in budgets:
+            extra = [f"privacy.epsilon={eps}"]
+            if "privacy.mode=distributed" in sets:
+                extra.append("privacy.client_seed=0")
+            cfg = for_algorithm(load_config(CONFIG, [*sets, *BLACK_BOX_TRAIN, *extra]))
+            out.append(blackbox_audit(cfg, _prepare, seed=seed)[0])
+    return out
+
+
+def canary_client_markdown(results: list[AuditResult]) -> str:
+    lines = [
+        "| mode | canary clients | claimed eps | audited eps >= (95%) | tightness |",
+        "|---|---|---|---|---|",
+    ]
+    labels = [label for label, _, budgets in CANARY_CLIENT_ROWS for _ in budgets]
+    for label, r in zip(labels, results, strict=True):
+        lines.append(
+            f"| {label} | {r.canaries} | {r.claimed_epsilon:.3g} | {r.lower_bound:.3g} | "
+            f"{r.tightness:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def black_box_markdown(results: list[AuditResult]) -> str:
     lines = [
         "| mode | adversary | canaries | claimed eps | audited eps >= (95%) | tightness |",
@@ -96,7 +152,17 @@ def black_box_markdown(results: list[AuditResult]) -> str:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["--black-box"]:
+    if sys.argv[1:2] == ["--canary-clients"]:
+        # optional: the audit's seeds (the table at the first; the bounds at all)
+        seeds = [int(s) for s in sys.argv[2:]] or [0]
+        runs = [canary_client_table(s) for s in seeds]
+        print(canary_client_markdown(runs[0]))
+        if len(seeds) > 1:
+            labels = [label for label, _, budgets in CANARY_CLIENT_ROWS for _ in budgets]
+            for i, (label, r) in enumerate(zip(labels, runs[0], strict=True)):
+                bounds = ", ".join(f"{run[i].lower_bound:.3g}" for run in runs)
+                print(f"{label} claimed {r.claimed_epsilon:.3g}: bounds over seeds: {bounds}")
+    elif sys.argv[1:2] == ["--black-box"]:
         # optional: the clients' seeds to measure (the table at the first; the bounds at all)
         seeds = [int(s) for s in sys.argv[2:]] or [0]
         runs = [black_box_table(s) for s in seeds]
