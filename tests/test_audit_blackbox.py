@@ -179,7 +179,7 @@ def test_excluded_canary_clients_never_take_part(monkeypatch):
     _, rows, prep = _audit(["rounds=3"], 40)
     loop = seen["loop"]
     ids, inc = rows["client"], rows["included"]
-    assert loop.num_clients == 12 + 40 == prep.algorithm.env.num_clients
+    assert loop.num_clients == 12 + 40 == prep.env.num_clients  # calibrated for N + m
     np.testing.assert_array_equal(loop.rounds_reported[ids[~inc]], 0)
     np.testing.assert_array_equal(loop.rounds_reported[ids[inc]], 3)
     np.testing.assert_array_equal(loop.rounds_reported[:12], 3)

@@ -177,6 +177,11 @@ def final_scores(
 ) -> np.ndarray:
     """Each canary's cosine of its final model's move (final - initial) with its direction
     (the columns of ``u``); ``final``: the algorithm's evaluation plan after the run."""
+    if len(final.models) != len(initial):
+        raise ConfigError(
+            f"algorithm.name: {prep.cfg.algorithm.name} ends with {len(final.models)} models "
+            f"from {len(initial)}: a canary's move needs the model it started from"
+        )
     moves = [
         (m.detach().double().cpu() - i.detach().double().cpu()).numpy()
         for m, i in zip(final.models, initial, strict=True)
