@@ -96,6 +96,11 @@ def test_cli_black_box_writes_the_adversary_and_report_shows_it(tmp_path, capsys
             ["--adversary", "black-box", "--canaries", "651"],  # more than the 650 weights
             "--canaries",
         ),
+        (  # fewer than the 12 clients and 500 canary slots the mode calibrates for
+            ["--adversary", "black-box", "--set", "privacy.mode=distributed"]
+            + ["--set", "privacy.population=100"],
+            "privacy.population",
+        ),
         (
             ["--adversary", "black-box", "--set", "privacy.mode=sample", "--canaries", "1"],
             "--canaries",
