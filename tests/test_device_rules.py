@@ -60,12 +60,13 @@ class Clients:
         secure = prep.privacy_summary.get("secure_spec")
         self.side = ClientSide(KEY, {}, (), True, prep.client_seed, secure)
         args = (copy.deepcopy(prep.algorithm), prep.dataset, model_spec(cfg), cfg.seed, 1, 0.0)
-        args += (rt.vectorize, prep.client_seed)
+        args += (rt.vectorize, prep.client_seed, copy.deepcopy(prep.mode))
         self.worker = ClientWorker(*args, client_side=(self.side, KEY))
         self.size, self.eval_size = group_size(rt.client_group_size, 0.0), rt.eval_group_size
         algo = prep.algorithm
         state = algo.init_state(numpy_rng(cfg.seed, 0, SERVER, "init"))
         self.plan = algo.plan_round(state, 1, numpy_rng(cfg.seed, 1, SERVER, "plan"))
+        prep.mode.stamp(self.plan)
 
     def train(self, round: int, models=None, tasks=None) -> list[ClientReport]:
         models = self.plan.models if models is None else models
@@ -157,7 +158,9 @@ def test_a_sketch_is_released_only_in_its_round():
     sets += ["algorithm.num_clusters=2", "rounds=5"]
     mode = prep_for(*sets).mode
     r = mode.needs.local_round
-    sketch = mode.release_sketch(np.ones(50), 8, 7, np.random.default_rng(1))
+    released = ClientReport(0)
+    mode.release_sketch(released, np.ones(50), 8, 7, np.random.default_rng(1))
+    sketch = released.update
     vet_releases(mode, r, [ClientReport(0, update=sketch)], False)
     with pytest.raises(ReleaseRefused, match="local_gaussian_sketch"):
         vet_releases(mode, r + 1, [ClientReport(0, update=sketch)], False)
