@@ -13,9 +13,10 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, ValidationError
 
-from raysim.aggregation import ServerOptimizer, weighted_mean
+from raysim.aggregation import ServerOptimizer
 from raysim.config import ConfigError, ConfigModel, ExperimentConfig, format_validation_error
-from raysim.modes import PrivacyMode, PrivacyNeeds, make_mode
+from raysim.modes.base import PrivacyNeeds
+from raysim.modes.view import Reports
 from raysim.planning import dpsgd_round_phase
 from raysim.privacy import Phase
 from raysim.protocol import (
@@ -25,7 +26,6 @@ from raysim.protocol import (
     EvalReport,
     Message,
     RoundPlan,
-    SecureSums,
     ServerResult,
 )
 from raysim.sampling import sample_cohort
@@ -69,12 +69,6 @@ class Algorithm(ABC):
     def __init__(self, env: Environment) -> None:
         self.env = env
         self.cfg = env.cfg
-        mode = self.cfg.privacy.mode
-        if mode not in self.privacy_modes:
-            raise ConfigError(
-                f"privacy.mode: algorithm {self.name!r} does not support {mode!r}; "
-                f"allowed: {', '.join(self.privacy_modes)}"
-            )
         m = self.cfg.algorithm.num_clusters
         if m is not None and m > env.num_clients:
             raise ConfigError(
@@ -97,8 +91,13 @@ class Algorithm(ABC):
             )
 
     # -- privacy -----------------------------------------------------------------------------
-    def privacy_summary(self) -> dict[str, Any]:
-        """Calibrated noise and planned spend, for `raysim privacy` and the run summary."""
+    def privacy_needs(self) -> PrivacyNeeds:
+        """What the engine's privacy mode must calibrate for this algorithm's schedule."""
+        return PrivacyNeeds(lambda n: [])
+
+    def privacy_summary(self, view: Reports) -> dict[str, Any]:
+        """What the algorithm adds to the mode's calibrated summary (``raysim privacy``, the
+        run summary), asked of an empty ``view`` of the mode (what its releases carry)."""
         return {}
 
     # -- the round -----------------------------------------------------------------------------
@@ -116,10 +115,11 @@ class Algorithm(ABC):
         self,
         state: Any,
         plan: RoundPlan,
-        reports: list[Message] | SecureSums,
+        reports: Reports,
         rng: np.random.Generator,
     ) -> ServerResult:
-        """``reports``: what the privacy mode lets the server see (``PrivacyMode.admit``)."""
+        """``reports``: what the privacy mode lets the server see (its ``admit``): its
+        messages and the aggregations it releases (``raysim.modes.view``)."""
 
     # -- evaluation ----------------------------------------------------------------------------
     @abstractmethod
@@ -176,13 +176,8 @@ class Algorithm(ABC):
 
 
 class FederatedAlgorithm(Algorithm):
-    """The pieces most algorithms share: per-client training configs, the privacy mode (which
-    calibrates before the run and is the trust boundary during it), cohort sampling and
-    aggregation."""
-
-    def __init__(self, env: Environment) -> None:
-        super().__init__(env)
-        self.privacy: PrivacyMode = make_mode(self.cfg, env.train_sizes, self.privacy_needs())
+    """The pieces most algorithms share: per-client training configs, the privacy schedule
+    the engine's mode calibrates for, cohort sampling and aggregation."""
 
     # -- privacy ---------------------------------------------------------------------------------
     def dpsgd_schedule(self, n: int) -> list[Phase]:
@@ -191,9 +186,6 @@ class FederatedAlgorithm(Algorithm):
 
     def privacy_needs(self) -> PrivacyNeeds:
         return PrivacyNeeds(self.dpsgd_schedule)
-
-    def privacy_summary(self) -> dict[str, Any]:
-        return self.privacy.summary()
 
     def broadcast_width(self, round: int, dim: int) -> int:
         """The width of the models training round ``round`` broadcasts, for a client model of
@@ -223,10 +215,9 @@ class FederatedAlgorithm(Algorithm):
         )
 
     def train_config(self, client: int, **overrides: Any) -> TrainConfig:
-        """The client's training config: the base one plus what its privacy mode requires."""
-        kwargs = self.privacy.train_overrides(client)
-        kwargs.update(overrides)
-        return replace(self.base_train_config(), **kwargs)
+        """The client's training config: the base one with the algorithm's ``overrides``
+        (what the privacy mode requires, the engine stamps on the round's tasks)."""
+        return replace(self.base_train_config(), **overrides)
 
     def cohort(self, rng: np.random.Generator) -> np.ndarray:
         t = self.cfg.training
@@ -275,9 +266,11 @@ class FederatedAlgorithm(Algorithm):
         weights: list[torch.Tensor],
         slots: list[int | None] | None = None,
         extras: list[dict[str, Any]] | None = None,
+        keep: bool = False,
     ) -> list[ClientReport]:
         """train_client for a group, through trainer.train_many (one vectorized group where the
-        trainer can), each update released by the privacy mode."""
+        trainer can), each update released by the privacy mode (``keep``: kept on the client
+        as its personal model, ``state`` = weights + update, and charged as the mode says)."""
         if not tasks:
             return []
         slots = slots or [None] * len(tasks)
@@ -289,11 +282,16 @@ class FederatedAlgorithm(Algorithm):
             [c.generator("train") for c in ctxs],
         )
         reports = []
-        for t, c, r, slot, extra in zip(tasks, ctxs, results, slots, extras, strict=True):
+        for t, c, w, r, slot, extra in zip(
+            tasks, ctxs, weights, results, slots, extras, strict=True
+        ):
             report = ClientReport(
                 t.client_id, None, r.num_samples, t.cluster, r.train_loss, extra=extra
             )
-            self.privacy.release_update(report, t, r, c, slot)
+            if keep:
+                report.state = w + c.release.keep(report, t, r)
+            else:
+                c.release.update(report, t, r, slot)
             reports.append(report)
         return reports
 
@@ -301,37 +299,17 @@ class FederatedAlgorithm(Algorithm):
     def aggregate(
         self,
         model: torch.Tensor,
-        reports: list[Message] | SecureSums,
+        reports: Reports,
         rng: np.random.Generator,
         slot: int = 0,
+        members: list[Message] | None = None,
+        **how: Any,
     ) -> torch.Tensor:
-        """One model's new weights from its members' updates: the weighted mean (no DP or
-        sample-level DP), the clipped, noised sum over the expected cohort (client-level), or the
-        secure sum over its noisy count (distributed); applied by the server's optimizer."""
-        if isinstance(reports, SecureSums):
-            return self.apply_secure(model, reports, slot)
-        members = [r for r in reports if r.update is not None]
-        if self.privacy.central_noise:
-            updates = [r.update for r in members]
-            total = self.privacy.noisy_sum(updates, self.privacy.sensitivity(), rng, model.numel())
-            expected = self.cfg.training.sampling_rate * self.env.num_clients
-            return self.server_opt.move(slot, model, total / expected)
-        if not members:
-            return model
-        weights = [r.num_samples for r in members]
-        if not any(weights):  # sizes not sent (dprivacy): members count equally
-            weights = [1] * len(members)
-        return self.server_opt.move(
-            slot, model, weighted_mean([r.update for r in members], weights)
-        )
-
-    def apply_secure(self, model: torch.Tensor, sums: SecureSums, slot: int) -> torch.Tensor:
-        """``model`` moved by its slot's secure mean (sum / max(noisy count, 1)). A slot whose
-        noisy count is below one half keeps its model: that is post-processing of the released
-        count, and an empty slot's sum is pure noise that would random-walk the model."""
-        if sums.counts[slot] < 0.5:
-            return model
-        return self.server_opt.move(slot, model, sums.means()[slot])
+        """One model's new weights from its members' updates (default: every message), as the
+        privacy mode releases their mean (``Reports.mean``: exact, noisy or secure; ``how``
+        its options), moved by the server's optimizer; unchanged where nothing was released."""
+        step = reports.mean(members, rng, like=model, slot=slot, **how)
+        return model if step is None else self.server_opt.move(slot, model, step)
 
 
 def broadcast_model(task: ClientTask) -> int | None:

@@ -31,19 +31,17 @@ import torch
 from pydantic import ConfigDict, Field
 
 from algorithms.base import Environment, FederatedAlgorithm, broadcast_model
-from raysim.aggregation import weighted_mean
 from raysim.clustering import cluster_sizes
 from raysim.config import ConfigModel
 from raysim.models import build_from_spec, flat_params, model_spec
-from raysim.modes import PrivacyNeeds
+from raysim.modes.base import PrivacyNeeds
+from raysim.modes.view import Reports
 from raysim.protocol import (
     ClientContext,
     ClientReport,
     ClientTask,
     EvalReport,
-    Message,
     RoundPlan,
-    SecureSums,
 )
 
 
@@ -165,14 +163,12 @@ class ClusteredAlgorithm(FederatedAlgorithm):
         for m, choice in choices:
             selected = choice is not None
             slots.append(m if selected else None)
-            extras.append(
-                {"selected": True} if selected and not self.privacy.secure_aggregation else {}
-            )
+            extras.append({"selected": True} if selected else {})  # the mode may drop it
         weights = [c.models[m] for c, (m, _) in zip(ctxs, choices, strict=True)]
         reports = self.train_clients(tasks, ctxs, weights, slots, extras)
-        for report, (_, choice) in zip(reports, choices, strict=True):
+        for report, ctx, (_, choice) in zip(reports, ctxs, choices, strict=True):
             if choice is not None:
-                self.privacy.report_choice(report, choice)
+                ctx.release.choice(report, choice)
         return reports
 
     def choose(self, task: ClientTask, ctx: ClientContext) -> tuple[int, Any]:
@@ -184,52 +180,44 @@ class ClusteredAlgorithm(FederatedAlgorithm):
         utility, sens = selection_utility(
             self.params, losses, accs, len(x), self.cfg.training.regression_loss
         )
-        choice = self.privacy.release_choice(
-            utility, sens, self.params.eps_select, ctx.rng("select")
-        )
+        choice = ctx.release.choose(utility, sens, self.params.eps_select, ctx.rng("select"))
         return int(getattr(choice, "value", choice)), choice
 
     # -- server ------------------------------------------------------------------------------
     def aggregate_clusters(
         self,
         models: list[torch.Tensor],
-        reports: list[Message] | SecureSums,
+        reports: Reports,
         rng: np.random.Generator,
     ) -> list[torch.Tensor]:
-        """Each cluster model += the plain mean of its members' updates (weights 1/|cluster|,
-        Algorithm 1 line 26); client-level DP defers to the base (noisy) aggregation; under
-        secure aggregation each cluster is a slot."""
-        if isinstance(reports, SecureSums):
-            return [self.apply_secure(m, reports, k) for k, m in enumerate(models)]
-        out = []
-        for m, model in enumerate(models):
-            members = [r for r in reports if r.cluster == m and r.update is not None]
-            if self.privacy.central_noise:
-                out.append(self.aggregate(model, members, rng, m))
-            elif members:
-                mean = weighted_mean([r.update for r in members], [1.0] * len(members))
-                out.append(self.server_opt.move(m, model, mean))
-            else:
-                out.append(model)
-        return out
+        """Each cluster model += the mean of its members' updates, as the mode releases it
+        (exactly: weights 1/|cluster|, Algorithm 1 line 26; each cluster a slot of the secure
+        sums, or a noisy sum over the expected cohort)."""
+        return [
+            self.aggregate(
+                model, reports, rng, m, [r for r in reports if r.cluster == m], equal_weights=True
+            )
+            for m, model in enumerate(models)
+        ]
 
-    def updated_assignments(
-        self, state: ClusterState, reports: list[Message] | SecureSums
-    ) -> np.ndarray | None:
+    def updated_assignments(self, state: ClusterState, reports: Reports) -> np.ndarray | None:
         """Last round's assignment, overwritten by the clusters the reporting clients trained.
-        Under secure aggregation the server never learns them: it has none (None), not an
-        assignment of everyone to one cluster, which would be scored (ARI 0) and planned by."""
-        if isinstance(reports, SecureSums):
+        Where the server never learns them (secure aggregation: no message names a cluster) it
+        keeps having none (None), not an assignment of everyone to one cluster, which would be
+        scored (ARI 0) and planned by."""
+        if state.assigned is None and all(r.cluster is None for r in reports):
             return state.assigned
-        assigned = (
-            np.full(self.env.num_clients, self.unassigned, dtype=np.int64)
-            if state.assigned is None
-            else state.assigned.copy()
-        )
+        assigned = self.current_assignment(state)
         for r in reports:
             if r.cluster is not None:
                 assigned[r.client_id] = r.cluster
         return assigned
+
+    def current_assignment(self, state: ClusterState) -> np.ndarray:
+        """A copy of the server's assignment; every client ``unassigned`` where it has none."""
+        if state.assigned is None:
+            return np.full(self.env.num_clients, self.unassigned, dtype=np.int64)
+        return state.assigned.copy()
 
     unassigned = 0  # the cluster a client that never reported counts as
 
@@ -240,13 +228,13 @@ class ClusteredAlgorithm(FederatedAlgorithm):
         return {"clusters_nonempty": sum(s > 0 for s in sizes), "cluster_size_min": min(sizes)}
 
     # -- evaluation --------------------------------------------------------------------------
-    def evaluates_by_choice(self) -> bool:
+    def evaluates_by_choice(self, state: ClusterState) -> bool:
         """Whether clients are judged on the model they would choose (IFCA's inference) rather
         than on the server's assignment: where the server does not know the choices."""
-        return self.privacy.secure_aggregation
+        return state.assigned is None
 
     def plan_evaluation(self, state: ClusterState) -> RoundPlan:
-        if self.evaluates_by_choice():
+        if self.evaluates_by_choice(state):
             tasks = [self.task(c, cluster=0, select=True) for c in range(self.env.num_clients)]
             return RoundPlan(tasks, state.models)
         assigned = state.assigned

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.protocol import Message
+from raysim.modes.view import Reports
 
 
 def joint_sensitivity(global_sens: float, cluster_sens: float) -> float:
@@ -30,19 +30,16 @@ def fedcam_moves(
     algo: Any,
     models: list[torch.Tensor],
     global_model: torch.Tensor,
-    reports: list[Message],
+    reports: Reports,
     groups: np.ndarray,
     rng: np.random.Generator,
     counts: np.ndarray | None = None,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """New cluster models and global model (theta_j = g + r_j) after one round."""
     share, lr = algo.params.global_share, algo.cfg.algorithm.server_lr
-    updates = [r.update for r in reports]
-    n = max(len(updates), 1)
-    if algo.privacy.central_noise:
-        total = algo.privacy.noisy_sum(updates, algo.model_sensitivity(), rng, global_model.numel())
-    else:
-        total = torch.stack(updates).sum(0) if updates else torch.zeros_like(global_model)
+    n = max(len(reports), 1)
+    sens = algo.sum_sensitivity(reports)
+    total = reports.sum(list(reports), rng, like=global_model, sensitivity=sens)
     new_global = global_model + lr * share * total / n
     moved = algo.cluster_moves(models, reports, groups, rng, counts)  # theta_j + lr * mean
     out = [

@@ -14,6 +14,8 @@ report its exact choice to the trusted server and privatizes the identifiers the
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from algorithms.clustered import (
@@ -22,7 +24,7 @@ from algorithms.clustered import (
     SelectionParams,
     random_models,
 )
-from raysim.config import ConfigError
+from raysim.modes.base import PrivacyNeeds
 from raysim.protocol import Message, RoundPlan, ServerResult
 
 
@@ -35,15 +37,14 @@ class IFCA(ClusteredAlgorithm):
     Params = IFCAParams
     privacy_modes = ("none", "sample", "distributed", "dprivacy")
 
-    def __init__(self, env) -> None:
-        super().__init__(env)
-        if self.privacy.secure_aggregation and self.params.selection_fraction < 1:
-            raise ConfigError(
-                f"algorithm.selection_fraction={self.params.selection_fraction}: under "
-                f"privacy.mode {self.cfg.privacy.mode} the server never learns the clients' "
-                "choices, so it cannot hold them after the selection window; the clients "
-                "choose every round: leave it at 1"
-            )
+    def privacy_needs(self) -> PrivacyNeeds:
+        """After the selection window the server keeps each client's last choice: a mode that
+        hides the choices from it (secure aggregation) refuses that plan."""
+        needs = super().privacy_needs()
+        if self.params.selection_fraction < 1:
+            key = f"algorithm.selection_fraction={self.params.selection_fraction}"
+            return replace(needs, server_knows_choices=key)
+        return needs
 
     def reserved_selections(self) -> int:
         return min(self.cfg.rounds, self.selection_window())

@@ -63,7 +63,7 @@ class KMeansCFL(ClusteredAlgorithm):
         stacked = torch.stack([res.update for res in results])
         # M DP-SGD runs released together: their steps add up (one phase at the same rate)
         merged = replace(results[0], update=stacked, steps=sum(res.steps for res in results))
-        self.privacy.release_update(report, task, merged, ctx)
+        ctx.release.update(report, task, merged)
         return report
 
     def server_step(
@@ -74,7 +74,7 @@ class KMeansCFL(ClusteredAlgorithm):
         rng: np.random.Generator,
     ) -> ServerResult:
         m = len(state.models)
-        assigned = self.updated_assignments(state, [])
+        assigned = self.current_assignment(state)
         if not reports:
             return ServerResult(state)
         seed = int(rng.integers(2**31 - 1))

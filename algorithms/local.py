@@ -27,37 +27,25 @@ class Local(FederatedAlgorithm):
         return None
 
     def plan_round(self, state: None, round: int, rng: np.random.Generator) -> RoundPlan:
-        info = {"secure_sum": False} if self.privacy.secure_aggregation else {}
+        # no round sums anything: a secure aggregation plans no sum and charges none
+        info = {"secure_sum": False}
         return RoundPlan(
             [self.task(c, cluster=None) for c in self.cohort(rng)], [self.env.init_weights], info
         )
 
     def client_step(self, task: ClientTask, ctx: ClientContext) -> ClientReport:
-        start = task.state if task.state is not None else ctx.models[0]
-        if self.privacy.secure_aggregation:  # train, keep, send nothing
-            x, y = ctx.train_data()
-            res = ctx.trainer.train_one(start, x, y, task.train, ctx.generator("train"))
-            return ClientReport(task.client_id, state=start + res.update)
-        report = self.train_client(task, ctx, start)
-        # the personal model stays on the client (its DP-SGD is still charged)
-        report.state = start + report.withhold_update()
-        return report
+        return self.client_steps([task], [ctx])[0]
 
     def client_steps(
         self, tasks: list[ClientTask], ctxs: list[ClientContext]
     ) -> list[ClientReport]:
-        """client_step for a group, through the vectorized trainer."""
-        if self.privacy.secure_aggregation:  # nothing is released: the per-client path
-            return [self.client_step(t, c) for t, c in zip(tasks, ctxs, strict=True)]
+        """Each client trains its personal model through the vectorized trainer and keeps it
+        (``keep``: its DP-SGD is still charged where the mode charges local training)."""
         starts = [
             t.state if t.state is not None else c.models[0]
             for t, c in zip(tasks, ctxs, strict=True)
         ]
-        reports = self.train_clients(tasks, ctxs, starts)
-        for report, start in zip(reports, starts, strict=True):
-            # the personal model stays on the client (its DP-SGD is still charged)
-            report.state = start + report.withhold_update()
-        return reports
+        return self.train_clients(tasks, ctxs, starts, keep=True)
 
     def server_step(
         self, state: None, plan: RoundPlan, reports: list[Message], rng: np.random.Generator

@@ -61,7 +61,7 @@ class MRMTL(FederatedAlgorithm):
         report = ClientReport(task.client_id, None, res.num_samples, 0, res.train_loss)
         report.state = personal
         # a DP-SGD output minus a public model: post-processing of the same release
-        self.privacy.release_update(report, task, replace(res, update=personal - mean), ctx)
+        ctx.release.update(report, task, replace(res, update=personal - mean))
         return report
 
     def server_step(

@@ -55,6 +55,7 @@ from algorithms.clustered import model_scores
 from raysim.clustering import kmeans
 from raysim.config import ConfigError, ConfigModel
 from raysim.modes import PrivacyNeeds
+from raysim.modes.view import Reports
 from raysim.normality import normality_weight
 from raysim.privacy import SKETCH_DIM
 from raysim.privacy.mechanisms import sketch_projection
@@ -63,9 +64,7 @@ from raysim.protocol import (
     ClientReport,
     ClientTask,
     EvalReport,
-    Message,
     RoundPlan,
-    SecureSums,
     ServerResult,
 )
 from raysim.seeding import SERVER, numpy_rng, public_seed
@@ -98,19 +97,6 @@ class PinaState:
     centroids: np.ndarray | None = None  # (C, sketch_dim), public (post-processing)
     labels: np.ndarray | None = None  # server's k-means label of each sketching client, -1 else
     info: dict[str, Any] = field(default_factory=dict)
-
-
-def slot_view(view: list[Message] | SecureSums, slots: int) -> tuple[list, list, list]:
-    """(means, counts, released sketches) of a round, from secure sums or (mode none) messages."""
-    if isinstance(view, SecureSums):
-        return view.means(), list(view.counts), list(view.released)
-    sketches = [m for m in view if m.cluster is None and m.update is not None]
-    means, counts = [], []
-    for s in range(slots):
-        members = [m.update.double() for m in view if m.cluster == s and m.update is not None]
-        counts.append(float(len(members)))
-        means.append(torch.stack(members).mean(0).float() if members else None)
-    return means, counts, sketches
 
 
 class PINA(FederatedAlgorithm):
@@ -221,8 +207,8 @@ class PINA(FederatedAlgorithm):
     ) -> None:
         """``v`` into ``slot``: the mode's release (clipped secure contribution under
         distributed; the plain vector and its cluster under mode none)."""
-        self.privacy.release_update(report, task, SimpleNamespace(update=v), ctx, slot)
-        self.privacy.report_choice(report, slot)
+        ctx.release.update(report, task, SimpleNamespace(update=v), slot)
+        ctx.release.choice(report, slot)
 
     def stage1_slot(self, task: ClientTask, update: torch.Tensor) -> int:
         label = int(task.extra.get("label", -1))
@@ -239,17 +225,10 @@ class PINA(FederatedAlgorithm):
         if phase == "train":
             return self.train_step(task, ctx)
         u, n, state = self.base_update(task, ctx)
-        secure = self.privacy.secure_aggregation  # then a client's size stays with it
-        report = ClientReport(task.client_id, None, 0 if secure else n, state=state)
+        report = ClientReport(task.client_id, None, n, state=state)  # the mode may drop n
         if phase == "sketch":
-            if self.privacy.secure_aggregation:
-                rng = ctx.rng("sketch_noise")
-                k = self.params.sketch_dim
-                report.update = self.privacy.release_sketch(
-                    u.double().numpy(), k, self.projection_seed, rng
-                )
-            else:
-                report.update = torch.from_numpy(self.clean_sketch(u)).float()
+            k, rng = self.params.sketch_dim, ctx.rng("sketch_noise")
+            ctx.release.sketch(report, u.double().numpy(), k, self.projection_seed, rng)
             return report
         if phase == "lloyd":
             sketch = self.clean_sketch(u)
@@ -279,8 +258,8 @@ class PINA(FederatedAlgorithm):
         res = ctx.trainer.train_one(ctx.models[slot], x, y, task.train, ctx.generator("train"))
         report = ClientReport(task.client_id, None, res.num_samples, None, res.train_loss)
         report.state = {**state, "slot": slot}
-        self.privacy.release_update(report, task, res, ctx, slot)
-        self.privacy.report_choice(report, slot)
+        ctx.release.update(report, task, res, slot)
+        ctx.release.choice(report, slot)
         return report
 
     # -- server ------------------------------------------------------------------------------
@@ -288,14 +267,14 @@ class PINA(FederatedAlgorithm):
         self,
         state: PinaState,
         plan: RoundPlan,
-        view: list[Message] | SecureSums,
+        view: Reports,
         rng: np.random.Generator,
     ) -> ServerResult:
         phase = self.phase(plan.round)
         c = self.num_clusters()
         if phase == "sketch":
             return self.cluster_sketches(state, view, rng)
-        means, counts, _ = slot_view(view, len(plan.models))
+        means, counts = view.slot_means(len(plan.models))
         metrics: dict[str, float] = {f"count_{s}": float(n) for s, n in enumerate(counts)}
         if phase == "lloyd":
             return ServerResult(self.lloyd_step(state, plan.round, means, counts), metrics)
@@ -322,10 +301,10 @@ class PINA(FederatedAlgorithm):
         return ServerResult(new, metrics)
 
     def cluster_sketches(
-        self, state: PinaState, view: list[Message] | SecureSums, rng: np.random.Generator
+        self, state: PinaState, view: Reports, rng: np.random.Generator
     ) -> ServerResult:
         """k-means on the released (noisy) sketches; the labels go back in the next plan."""
-        _, _, sketches = slot_view(view, 0) if isinstance(view, SecureSums) else ([], [], view)
+        sketches = [m for m in view if m.cluster is None and m.update is not None]
         c = self.num_clusters()
         labels = np.full(self.env.num_clients, -1, dtype=np.int64)
         if len(sketches) < c:

@@ -55,13 +55,13 @@ from algorithms.fesem import fesem_step
 from algorithms.ifca import IFCA, IFCAParams
 from raysim import privacy as privacy_lib
 from raysim.config import ConfigError
-from raysim.modes import PrivacyNeeds
+from raysim.modes.base import PrivacyNeeds
+from raysim.modes.view import Reports
 from raysim.privacy.identifiers import keep_probability, noise_to_signal
 from raysim.protocol import (
     ClientContext,
     ClientReport,
     ClientTask,
-    Message,
     RoundPlan,
     ServerResult,
 )
@@ -99,11 +99,6 @@ class RRCluster(IFCA):
     privacy_modes = ("none", "client")
 
     def __init__(self, env: Environment) -> None:
-        if env.cfg.privacy.mode == "client" and env.cfg.training.sampling != "without_replacement":
-            raise ConfigError(
-                "training.sampling: client-level RR-Cluster releases one identifier per cohort "
-                "member, accounted only for fixed-size cohorts; use without_replacement"
-            )
         if env.cfg.privacy.clip_quantile is not None:
             raise ConfigError(
                 "privacy.clip_quantile: adaptive clipping counts one model sum a round, and "
@@ -111,6 +106,7 @@ class RRCluster(IFCA):
                 "fedprox or fedper, or give rr_cluster a fixed privacy.clip"
             )
         super().__init__(env)
+        self.check_params(self.params)
         if self.params.base == "fedcam" and not self.server_opt.plain:
             raise ConfigError(
                 "algorithm.server_optimizer: base fedcam moves each model's global and cluster "
@@ -132,39 +128,39 @@ class RRCluster(IFCA):
 
     # -- privacy ---------------------------------------------------------------------------
     def privacy_needs(self) -> PrivacyNeeds:
-        self.check_params(self.params)
         if self.params.identifiers == "unaccounted":
             s = self.params.id_noise_to_signal
             return PrivacyNeeds(self.dpsgd_schedule, unaccounted_id_noise=s)
         return PrivacyNeeds(self.dpsgd_schedule, id_noise_ratio=self.params.id_noise_ratio)
 
-    def id_noise_to_signal(self) -> float | None:
-        """s of the per-client ids the grouping sees (None: no per-client noisy ids)."""
-        if not self.privacy.central_noise:
+    def id_noise_to_signal(self, noise: dict[str, Any]) -> float | None:
+        """s of the per-client ids the grouping sees, under the view's ``noise`` (empty: the
+        ids are exact)."""
+        if not noise:
             return 0.0
         if self.params.identifiers == "unaccounted":
             return self.params.id_noise_to_signal
         if self.params.identifiers == "histogram":
             return 0.0
-        return noise_to_signal(self.privacy.plan.id_noise, self.privacy.replace_one)
+        return noise_to_signal(noise["id_noise_multiplier"], noise["replace_one"])
 
-    def id_diagnostics(self) -> dict[str, Any]:
+    def id_diagnostics(self, noise: dict[str, Any]) -> dict[str, Any]:
         """What the identifiers still say, known before training (``raysim privacy``)."""
         if getattr(self, "_id_diagnostics", None) is None:
-            self._id_diagnostics = self._compute_id_diagnostics()
+            self._id_diagnostics = self._compute_id_diagnostics(noise)
         return dict(self._id_diagnostics)
 
-    def _compute_id_diagnostics(self) -> dict[str, Any]:
-        k, s = self.num_clusters(), self.id_noise_to_signal()
+    def _compute_id_diagnostics(self, noise: dict[str, Any]) -> dict[str, Any]:
+        k, s = self.num_clusters(), self.id_noise_to_signal(noise)
         out: dict[str, Any] = {"identifiers": self.params.identifiers}
         if s is not None:
             out["id_noise_to_signal"] = s
             out["id_keep_analytic"] = keep_probability(s, k)
-        if self.privacy.central_noise and self.params.identifiers == "private":
-            out.update(self.id_ceiling(k))
-        if self.privacy.central_noise and self.params.identifiers == "histogram":
-            sens = math.sqrt(2.0) if self.privacy.replace_one else 1.0
-            out["id_count_noise_std"] = sens * self.privacy.plan.id_noise
+        if noise and self.params.identifiers == "private":
+            out.update(self.id_ceiling(k, noise["replace_one"]))
+        if noise and self.params.identifiers == "histogram":
+            sens = math.sqrt(2.0) if noise["replace_one"] else 1.0
+            out["id_count_noise_std"] = sens * noise["id_noise_multiplier"]
         return out
 
     def reserved_selections(self) -> int:
@@ -184,7 +180,7 @@ class RRCluster(IFCA):
             return cluster
         return joint_sensitivity(sensitivity(clip, 0, replace_one, rule), cluster)
 
-    def id_ceiling(self, k: int) -> dict[str, Any]:
+    def id_ceiling(self, k: int, replace_one: bool) -> dict[str, Any]:
         """The best the accounted ids can do even with infinite model noise: all of eps on the
         identifier Gaussian gives multiplier z*, so s >= sqrt(2) z* (replace-one)."""
         p, t = self.cfg.privacy, self.cfg.training
@@ -199,14 +195,15 @@ class RRCluster(IFCA):
             population=self.env.num_clients,
             accountant=p.accountant,
         ).model
-        s_min = noise_to_signal(z, self.privacy.replace_one)
+        s_min = noise_to_signal(z, replace_one)
         return {"id_noise_to_signal_floor": s_min, "id_keep_ceiling": keep_probability(s_min, k)}
 
-    def privacy_summary(self) -> dict[str, Any]:
-        out = super().privacy_summary()
-        if self.privacy.central_noise:
+    def privacy_summary(self, view: Reports) -> dict[str, Any]:
+        out = super().privacy_summary(view)
+        noise = view.noise()
+        if noise:  # the sums are noised: at the sensitivity of rebalanced groups
             out["model_sensitivity"] = self.model_sensitivity()
-            out.update(self.id_diagnostics())
+            out.update(self.id_diagnostics(noise))
             unsound = self.params.sensitivity == "paper" and self.rebalancing_B > 0
             if unsound and self.params.identifiers == "histogram":
                 out["accounting_warning"] = PAPER_RULE_WARNING
@@ -222,12 +219,12 @@ class RRCluster(IFCA):
         return self.params.base != "fesem"  # FeSEM clients train from the centres' mean
 
     # -- server ----------------------------------------------------------------------------
-    def group(self, reports: list[Message], k: int, rng: np.random.Generator) -> np.ndarray:
+    def group(self, reports: Reports, k: int, rng: np.random.Generator) -> np.ndarray:
         """Each report's cluster for aggregation: noisy ids (client mode), then rebalancing."""
         return self.grouping(reports, k, rng)[0].after
 
     def grouping(
-        self, reports: list[Message], k: int, rng: np.random.Generator
+        self, reports: Reports, k: int, rng: np.random.Generator
     ) -> tuple[Grouping, np.ndarray | None, int]:
         """The round's grouping, the released noisy counts (``histogram``; else None) and the
         number of updates rebalancing moved. Every identifier release goes through the mode.
@@ -235,15 +232,8 @@ class RRCluster(IFCA):
         draw (runs that differ only in B see the same noise)."""
         id_rng, rebalance_rng = rng.spawn(2)
         chosen = np.array([r.cluster for r in reports], dtype=np.int64)
-        before, counts = chosen, None
-        if self.privacy.central_noise and chosen.size:
-            ids = self.params.identifiers
-            if ids == "private":
-                before = self.privacy.privatize_ids(chosen, k, self.params.id_clip, id_rng)
-            elif ids == "unaccounted":
-                before = self.privacy.release_ids_unaccounted(chosen, k, id_rng)
-            else:
-                counts = self.privacy.noisy_histogram(chosen, k, id_rng)
+        how, clip = self.params.identifiers, self.params.id_clip
+        before, counts = reports.cluster_ids(chosen, k, how, clip, id_rng)
         out = rebalance(before, k, self.rebalancing_B, rebalance_rng)
         clients = np.array([r.client_id for r in reports], dtype=np.int64)
         return Grouping(clients, np.asarray(before), out.clusters), counts, int(out.moved.size)
@@ -251,7 +241,7 @@ class RRCluster(IFCA):
     def aggregate_groups(
         self,
         models: list[torch.Tensor],
-        reports: list[Message],
+        reports: Reports,
         groups: np.ndarray,
         rng: np.random.Generator,
         counts: np.ndarray | None = None,
@@ -264,33 +254,29 @@ class RRCluster(IFCA):
     def cluster_moves(
         self,
         models: list[torch.Tensor],
-        reports: list[Message],
+        reports: Reports,
         groups: np.ndarray,
         rng: np.random.Generator,
         counts: np.ndarray | None = None,
     ) -> list[torch.Tensor]:
-        """Each cluster model after its group's update: the base's plain means without DP, the
-        clipped sum + N(0, (sens * z)^2) over |S_j| with client-level DP (Algorithm 1 l. 11);
-        with released noisy ``counts`` (``histogram``) over the sizes they predict instead, and
-        every sum is released, empty or not (emptiness is a function of the exact ids)."""
-        if not self.privacy.central_noise:
-            regrouped = [
-                Message(r.client_id, r.update, r.num_samples, int(g))
-                for r, g in zip(reports, groups, strict=True)
-            ]
-            return self.aggregate_clusters(models, regrouped, rng)
-        sens = self.model_sensitivity()
+        """Each cluster model after its group's update, as the mode releases the group's mean:
+        the plain mean without DP; with client-level DP the clipped sum + N(0, (sens * z)^2)
+        over |S_j| (Algorithm 1 l. 11), or, with released noisy ``counts`` (``histogram``), over
+        the sizes they predict, every sum released, empty or not (emptiness is a function of
+        the exact ids)."""
+        sens = self.sum_sensitivity(reports)
         sizes = None if counts is None else expected_sizes(counts, self.rebalancing_B)
         out = []
         for j, model in enumerate(models):
-            members = [r.update for r, g in zip(reports, groups, strict=True) if g == j]
-            if not members and sizes is None:
-                out.append(model)
-                continue
-            total = self.privacy.noisy_sum(members, sens, rng, model.numel())
+            members = [r for r, g in zip(reports, groups, strict=True) if g == j]
             size = len(members) if sizes is None else float(sizes[j])
-            out.append(self.server_opt.move(j, model, total / size))
+            how = {"sensitivity": sens, "denominator": size, "release_empty": sizes is not None}
+            out.append(self.aggregate(model, reports, rng, j, members, equal_weights=True, **how))
         return out
+
+    def sum_sensitivity(self, reports: Reports) -> float | None:
+        """The sensitivity the round's noisy sums are drawn at (None: they are exact)."""
+        return self.model_sensitivity() if reports.noise() else None
 
     def global_for_small(
         self, old: list[torch.Tensor], new: list[torch.Tensor], groups: np.ndarray, n: int
@@ -309,7 +295,7 @@ class RRCluster(IFCA):
         self,
         state: ClusterState,
         plan: RoundPlan,
-        reports: list[Message],
+        reports: Reports,
         rng: np.random.Generator,
     ) -> ServerResult:
         k = len(state.models)
@@ -329,15 +315,20 @@ class RRCluster(IFCA):
         metrics = self.cluster_metrics(np.maximum(assigned, 0), k)
         sizes = np.bincount(groups, minlength=k) if groups.size else np.zeros(k, dtype=np.int64)
         metrics["round_cluster_size_min"] = int(sizes.min())
-        metrics.update(self.round_diagnostics(grouping, counts, moved, k))
+        metrics.update(self.round_diagnostics(grouping, counts, moved, k, reports.noise()))
         return ServerResult(ClusterState(models, assigned, info), metrics)
 
     def round_diagnostics(
-        self, grouping: Grouping, counts: np.ndarray | None, moved: int, k: int
+        self,
+        grouping: Grouping,
+        counts: np.ndarray | None,
+        moved: int,
+        k: int,
+        noise: dict[str, Any],
     ) -> dict[str, Any]:
         """The server's own view of its grouping: the smallest group before rebalancing (noisy
         counts under ``histogram``: the server publishes nothing finer), the updates moved."""
-        out = {k_: v for k_, v in self.id_diagnostics().items() if k_ != "identifiers"}
+        out = {k_: v for k_, v in self.id_diagnostics(noise).items() if k_ != "identifiers"}
         if counts is not None:
             out["group_size_min_before"] = float(counts.min())
         elif grouping.before.size:
@@ -347,7 +338,7 @@ class RRCluster(IFCA):
 
     unassigned = -1  # never sampled: no cluster yet (left out of clustering accuracy)
 
-    def evaluates_by_choice(self) -> bool:
+    def evaluates_by_choice(self, state: ClusterState) -> bool:
         return True  # most clients were never sampled: the server has no assignment for them
 
     def assignments(self, state: ClusterState) -> np.ndarray | None:

@@ -76,7 +76,7 @@ def inline_loop(
     rt = cfg.runtime
     # a copy of the algorithm, as a worker actor holds
     args = (copy.deepcopy(prep.algorithm), prep.dataset, model_spec(cfg), cfg.seed)
-    args += (rt.threads_per_worker, gpus, rt.vectorize, prep.client_seed)
+    args += (rt.threads_per_worker, gpus, rt.vectorize, prep.client_seed, copy.deepcopy(prep.mode))
     clients = None
     if apart and make_worker is not None:
         raise ValueError("make_worker runs the clients in this process: not with apart")
@@ -91,7 +91,8 @@ def inline_loop(
         stacked = np.stack([m.detach().to("cpu", torch.float32).numpy() for m in models])
         return worker.run(kind, round, stacked, task_groups(kind, tasks, size, rt.eval_group_size))
 
-    loop = RoundLoop(cfg, prep.algorithm, prep.truth, execute, None if apart else prep.client_seed)
+    seed = None if apart else prep.client_seed
+    loop = RoundLoop(cfg, prep.algorithm, prep.mode, prep.truth, execute, seed)
     loop.device = str(worker.device)
     loop.clients = clients
     if clients is not None:  # the secure sums and the evaluations' metrics from their side
@@ -130,7 +131,7 @@ def run_inline(
     threads = torch.get_num_threads()
     cfg = prep.cfg
     if apart is None:
-        apart = not prep.algorithm.privacy.trusted_server
+        apart = not prep.mode.trusted_server
     loop = None
     if resume is not None and apart:  # the clients continue with their states
         resume = kept_apart(resume, cfg.seed)

@@ -41,11 +41,14 @@ class Prepared:
     dataset: FederatedDataset
     algorithm: Any  # Sealed when prepared apart
     env: Any  # None when prepared apart
-    privacy_summary: dict[str, Any]  # the algorithm's, fixed once its noise is calibrated
+    privacy_summary: dict[str, Any]  # the mode's and the algorithm's, once noise is calibrated
     spec: Any  # the model's ModelSpec (Sealed when prepared apart)
     # the seed of the clients' own draws where the server is untrusted (None: the run's seed
     # serves them): the experimenter's, for the clients; ``cfg`` (the server's) has none
     client_seed: int | None = None
+    # the privacy mode (``raysim.modes``), calibrated: the engine's, never the algorithm's
+    # (Sealed when prepared apart)
+    mode: Any = None
 
     def recorded_config(self) -> ExperimentConfig:
         """The config as the run directory records it: with the clients' seed, so that the
@@ -141,6 +144,7 @@ def prepare(
     server's code, never sees it. ``dataset``: the population to use in place of the config's
     (the black-box audit's, with its canaries in the clients' train sets)."""
     check_schedule(cfg)  # before anything is built
+    check_supports(cfg, algorithm_cls)
     check_tracking(cfg.tracking)  # a missing package is said before the data is built
     if cfg.runtime.forks_workers:  # before any torch operation
         zygote.fork_planned()
@@ -156,15 +160,29 @@ def prepare(
         num_classes=int(ds.num_classes),
         ground_truth=np.asarray(ds.true_cluster) if oracle else None,
     )
+    from raysim.modes import make_mode
+
     try:
         algorithm = algorithm_cls(env)
+        mode = make_mode(cfg, env.train_sizes, algorithm.privacy_needs())
     except (BudgetError, PrivacyConfigError) as exc:  # the request cannot be met: refuse
         raise ConfigError(str(exc)) from None
     from raysim.models import model_spec
 
-    summary = algorithm.privacy_summary()
-    seed = client_seed(cfg, summary.get("trusted_server", False), given)
-    return Prepared(cfg, ds, algorithm, env, summary, model_spec(cfg), seed)
+    summary = {**mode.summary(), **algorithm.privacy_summary(mode.view())}
+    seed = client_seed(cfg, mode.trusted_server, given)
+    return Prepared(cfg, ds, algorithm, env, summary, model_spec(cfg), seed, mode)
+
+
+def check_supports(cfg: ExperimentConfig, algorithm_cls: Any) -> None:
+    """The algorithm declares the modes it runs under (``privacy_modes``); the engine, which
+    owns the mode, refuses any other before anything is built."""
+    allowed = getattr(algorithm_cls, "privacy_modes", ())
+    if cfg.privacy.mode not in allowed:
+        raise ConfigError(
+            f"privacy.mode: algorithm {algorithm_cls.name!r} does not support "
+            f"{cfg.privacy.mode!r}; allowed: {', '.join(allowed)}"
+        )
 
 
 def server_view(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -265,7 +283,13 @@ def _prepare_child(build: Callable[[], list[Prepared]], send: Any, shared: int |
     try:
         try:
             seal = [
-                replace(p, algorithm=Sealed.of(p.algorithm), env=None, spec=Sealed.of(p.spec))
+                replace(
+                    p,
+                    algorithm=Sealed.of(p.algorithm),
+                    env=None,
+                    spec=Sealed.of(p.spec),
+                    mode=Sealed.of(p.mode),
+                )
                 for p in build()
             ]
             send.send(("ok", _pickle_shared(seal, shared), zygote.forked()))

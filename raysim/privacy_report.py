@@ -18,16 +18,16 @@ from raysim.sampling import dropout_rates, report_count_pmf
 
 def privacy_report(prep: Any, schedule: bool = True) -> dict[str, Any]:
     """Planned spend; ``schedule`` adds eps after every round per train size (long)."""
-    cfg, algo, env = prep.cfg, prep.algorithm, prep.env
+    cfg, algo, env, mode = prep.cfg, prep.algorithm, prep.env, prep.mode
     p = cfg.privacy
     out: dict[str, Any] = {"mode": p.mode, "delta": p.delta, "target_epsilon": p.epsilon}
-    out.update(algo.privacy_summary())
+    out.update(prep.privacy_summary)
     out.setdefault("noise_multiplier", None)
-    if p.mode == "none":
+    if not mode.private:
         out.update(epsilon=float("inf"), epsilon_per_round={})
         return out
-    if p.mode == "dprivacy":  # metric leakage, not (eps, delta): n / nu per release
-        per_release = algo.privacy.release_leakage(int(env.init_weights.numel()))
+    if mode.metric:  # metric leakage, not (eps, delta): n / nu per release
+        per_release = mode.release_leakage(int(env.init_weights.numel()))
         out.update(
             rounds=cfg.rounds,
             leakage_per_release=per_release,
@@ -45,7 +45,7 @@ def privacy_report(prep: Any, schedule: bool = True) -> dict[str, Any]:
     for r in range(1, cfg.rounds + 1):
         # Choices only known at run time (R-DPCFL's selections): the worst case the plan reserved.
         selecting = everyone if algo.may_select(r) else []
-        for charge in algo.privacy.planned_charges(r, everyone, selecting):
+        for charge in mode.planned_charges(r, everyone, selecting):
             ledger.charge(r, charge.clients, charge.mechanism, charge.event, charge.params)
         for n, client in groups.items():
             per_round[f"train_size={n}"].append(ledger.epsilon(client))
@@ -70,7 +70,7 @@ def _short_of_shares(prep: Any) -> str | None:
     """Under per-client noise shares, how often a round has fewer members than the shares were
     sized for (``privacy.dropout_tolerance``) and so is topped up or aborted
     (``privacy.shortfall``), in closed form (raysim.sampling.report_count_pmf)."""
-    cfg, mode = prep.cfg, prep.algorithm.privacy
+    cfg, mode = prep.cfg, prep.mode
     if cfg.privacy.mode != "distributed" or cfg.privacy.noise_source != "clients":
         return None
     t = cfg.training

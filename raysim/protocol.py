@@ -122,9 +122,6 @@ class SecureSums:
 
     sums: list[torch.Tensor]
     counts: list[float]
-    # Values the clients released in the clear beside the secure sum, already privatized and
-    # charged (PINA's local-DP sketches): one Message each, ``update`` holding the released value.
-    released: list[Message] = field(default_factory=list)
     # adaptive clipping: per slot, the noisy sum of the members' centred clip bits (+-1/2)
     under_clip: list[float] | None = None
 
@@ -247,10 +244,14 @@ class ClientContext:
     trainer: Any  # training.LocalTrainer, resident in the worker
     dataset: Any  # the client's own rows (OwnRows over the zero-copy FederatedDataset)
     models: Sequence[torch.Tensor]
+    # the client's side of the privacy mode (``raysim.modes.releaser``), given by the engine
+    release: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.dataset, OwnRows) or self.dataset.client_id != self.client_id:
             self.dataset = OwnRows(self.dataset, self.client_id)
+        if self.release is not None:
+            self.release = self.release.for_client(self)
 
     def train_data(self) -> tuple[np.ndarray, np.ndarray]:
         return self.dataset.client_train(self.client_id)

@@ -86,12 +86,13 @@ CHECKPOINT_FIELDS = (
     "history",
     "judge",
     "algorithm",
+    "mode",
     "rounds_reported",
     "unavailable",
     "assignment_history",
 )
 # fields a checkpoint made before they existed lacks: they keep their initial value
-LATER_FIELDS = ("rounds_reported", "unavailable", "judge", "assignment_history")
+LATER_FIELDS = ("rounds_reported", "unavailable", "judge", "assignment_history", "mode")
 # each round's assignment is kept for populations up to this size (int32 a client a round)
 MAX_RECORDED_ASSIGNMENTS = 20_000
 
@@ -101,14 +102,17 @@ class RoundLoop:
         self,
         cfg: ExperimentConfig,
         algorithm: Any,
+        mode: Any,
         true_clusters: np.ndarray,
         execute: Execute,
         client_seed: int | None = None,
     ) -> None:
-        """``client_seed``: the clients' seed, where an untrusted server's clients run in this
-        process (the library's inline loop): the secure sums' noise is drawn from it here.
-        Elsewhere the sums come from the clients' side (``secure_sums``)."""
-        self.cfg, self.algorithm, self.execute = cfg, algorithm, execute
+        """``mode``: the run's privacy mode (``raysim.modes``), the engine's: it stamps each
+        plan, admits the reports and hands the server step its view. ``client_seed``: the
+        clients' seed, where an untrusted server's clients run in this process (the library's
+        inline loop): the secure sums' noise is drawn from it here. Elsewhere the sums come
+        from the clients' side (``secure_sums``)."""
+        self.cfg, self.algorithm, self.mode, self.execute = cfg, algorithm, mode, execute
         self.client_seed = client_seed
         self.true_clusters = np.asarray(true_clusters)
         rates = cfg.training.client_dropout
@@ -124,10 +128,10 @@ class RoundLoop:
         self.ledger = privacy_lib.PrivacyLedger(
             delta=p.delta,
             accountant=p.accountant,
-            budget=p.epsilon if p.mode != "none" else None,
+            budget=p.epsilon if mode.private else None,
             num_clients=self.num_clients,
         )
-        self.metric_ledger = MetricLedger(cap=p.leakage_cap if p.mode == "dprivacy" else None)
+        self.metric_ledger = MetricLedger(cap=p.leakage_cap if mode.metric else None)
         self.history: list[dict[str, Any]] = []
         self.rounds_reported = np.zeros(self.num_clients, dtype=np.int64)  # per client
         # (round, each client's cluster) where the engine knows it: assignments.parquet
@@ -158,11 +162,11 @@ class RoundLoop:
         """Run one round; returns its metrics row."""
         start = time.perf_counter()
         self.round += 1
-        r, seed, algo = self.round, self.cfg.seed, self.algorithm
+        r, seed, algo, mode = self.round, self.cfg.seed, self.algorithm, self.mode
         self._load_accountant_meanwhile()
         plan = algo.plan_round(self.state, r, numpy_rng(seed, r, SERVER, "plan"))
         plan.round = r
-        algo.privacy.stamp(plan)
+        mode.stamp(plan)
         dropped = self._drop_out(plan)
         skipped = self._skip_over_cap(plan)
         reports = self._run("train", plan)
@@ -173,21 +177,21 @@ class RoundLoop:
         secure_rng = None  # summed here (the library's loop): the clients' noise, from their seed
         if self.secure_sums is None and self.client_seed is not None:
             secure_rng = secure_noise_rng(self.client_seed, r)
-        view = algo.privacy.admit(algo.name, plan, reports, secure_rng, secure=self.secure_sums)
+        view = mode.admit(algo.name, plan, reports, secure_rng, secure=self.secure_sums)
         # the clients' releases are charged before the server step gets the view: one over the
         # budget never reaches the server's code (the ledger refuses, charging nothing, and the
         # run stops); the server's own releases after the step that made them
-        self._charge(r, algo.privacy.charges(r, reports))
-        for rep, leak in algo.privacy.leakages(reports):
+        self._charge(r, mode.charges(r, reports))
+        for rep, leak in mode.leakages(reports):
             self.metric_ledger.record(rep.client_id, r, leak.dim, leak.nu, rep.cluster)
         row: dict[str, Any] = {"round": r, "participants": len(reports)}
         if not isinstance(view, Aborted):  # an aborted secure sum: the server has no step to run
             rng = numpy_rng(seed, r, SERVER, "server")
             result = algo.server_step(self.state, plan, view, rng)
-            self._charge(r, algo.privacy.server_charges(r))
+            self._charge(r, mode.server_charges(r))
             self.state = result.state
             row.update(result.metrics)
-        row.update(algo.privacy.round_metrics())
+        row.update(mode.round_metrics())
         if dropped is not None:
             row["dropped_out"] = dropped
         if skipped:
@@ -207,10 +211,10 @@ class RoundLoop:
             reports = self.evaluate()
             if self.judge is not None:
                 row.update(self.judge(reports))
-        accounted = algo.privacy.accounts_epsilon  # else missing: never 0, which would say "DP"
+        accounted = mode.accounts_epsilon  # else missing: never 0, which would say "DP"
         row["epsilon"] = self.ledger.summary()["max_epsilon"] if accounted else float("nan")
         if accounted:  # e.g. distributed: the eps without amplification by sampling
-            row.update(algo.privacy.other_epsilons(self.ledger))
+            row.update(mode.other_epsilons(self.ledger))
         row["round_seconds"] = time.perf_counter() - start
         self.history.append(row)
         return row
@@ -233,7 +237,7 @@ class RoundLoop:
         waits. Loaded in a thread while round 1 trains, it takes the CPU from the clients this
         process trains, and the actors take more of the round's pieces. Not for modes that
         charge nothing (none) or charge their own ledger (dprivacy)."""
-        if self.cfg.privacy.mode in ("none", "dprivacy") or ACCOUNTING in sys.modules:
+        if not self.mode.accounts_epsilon or ACCOUNTING in sys.modules:
             return
         if not _accountant_loading.is_set():
             _accountant_loading.set()
@@ -262,7 +266,7 @@ class RoundLoop:
         """Under a leakage cap, a client whose next release would cross it sits the round out."""
         if self.metric_ledger.cap is None or not plan.models:
             return 0
-        cost = self.algorithm.privacy.release_leakage(int(plan.models[0].numel()))
+        cost = self.mode.release_leakage(int(plan.models[0].numel()))
         keep = [t for t in plan.tasks if not self.metric_ledger.would_exceed(t.client_id, cost)]
         skipped, plan.tasks = len(plan.tasks) - len(keep), keep
         return skipped
@@ -293,6 +297,8 @@ class RoundLoop:
         if "judge" not in saved and judge is not None:  # before the judge had a name
             judge.last, judge.best_loss = saved["last_eval"], saved["best_loss"]
             judge.stale = saved["stale_evals"]
+        if "mode" not in saved and hasattr(self.algorithm, "privacy"):  # held by the algorithm
+            self.mode = self.algorithm.privacy
         if judge is None:  # judged apart: a checkpoint's judge is not this server's to hold
             self.judge = None
         return self.round, list(self.history)

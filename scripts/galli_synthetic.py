@@ -85,7 +85,7 @@ def run(seed: int, sets: list[str], rounds: int) -> dict:
     prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
     loop = inline_loop(prep)
     released: list[tuple[int, np.ndarray]] = []  # what the server saw: (round, theta_hat)
-    admit = prep.algorithm.privacy.admit
+    admit = prep.mode.admit
 
     def watching(name, plan, reports, rng, secure=None):
         view = admit(name, plan, reports, rng, secure=secure)
@@ -95,7 +95,7 @@ def run(seed: int, sets: list[str], rounds: int) -> dict:
                 released.append((plan.round, (base + m.update).numpy()))
         return view
 
-    prep.algorithm.privacy.admit = watching
+    prep.mode.admit = watching
     vx, vy = validation_users(cfg, seed)
     trail, losses = [], []
     for _ in range(cfg.rounds):

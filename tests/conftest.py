@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -81,3 +82,35 @@ def inline_run(out, settings: dict, die_after: int | None = None, resume: bytes 
 
     run_prepared(prep, out, on_round=die if die_after else None, resume=resume, session=run_inline)
     return pq.read_table(out / "metrics.parquet").to_pandas().drop(columns="round_seconds")
+
+
+_MODES: dict[int, Any] = {}
+
+
+def mode_of(algo: Any) -> Any:
+    """The engine's privacy mode for an algorithm a test built by hand (as ``prepare`` builds
+    it: from the algorithm's needs), one per algorithm object so that a test's patch holds."""
+    from raysim.modes import make_mode
+
+    key = id(algo)
+    if key not in _MODES or _MODES[key][0] is not algo:
+        _MODES[key] = (algo, make_mode(algo.cfg, algo.env.train_sizes, algo.privacy_needs()))
+    return _MODES[key][1]
+
+
+def view_of(algo: Any, messages: Any) -> Any:
+    """The server's view of ``messages`` under the algorithm's mode (``PrivacyMode.view``)."""
+    return mode_of(algo).view(list(messages))
+
+
+def summary_of(algo: Any) -> dict[str, Any]:
+    """The privacy summary ``prepare`` records: the mode's, with what the algorithm adds."""
+    mode = mode_of(algo)
+    return {**mode.summary(), **algo.privacy_summary(mode.view())}
+
+
+def releaser_of(algo: Any) -> Any:
+    """The clients' side of the algorithm's mode, for a ClientContext a test builds by hand."""
+    from raysim.modes.releaser import Releaser
+
+    return Releaser(mode_of(algo))

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import small_config
+from conftest import releaser_of, small_config, view_of
 from sklearn.metrics import adjusted_rand_score
 from test_rdpcfl import N, OneClient, env_for  # noqa: I001
 
@@ -57,7 +57,7 @@ def test_ifca_server_groups_by_choice_and_charges_the_choices():
         Message(0, torch.ones(p), N, 1, extra={"selected": True}),
         Message(5, 3 * torch.ones(p), N, 1, extra={"selected": True}),
     ]
-    res = algo.server_step(st, RoundPlan([], st.models, round=1), reps, rng())
+    res = algo.server_step(st, RoundPlan([], st.models, round=1), view_of(algo, reps), rng())
     assert torch.allclose(res.state.models[1], st.models[1] + 2.0)
     assert torch.equal(res.state.models[0], st.models[0])
     assert res.state.assigned[[0, 5]].tolist() == [1, 1]
@@ -94,7 +94,7 @@ def test_kmeans_cfl_charges_m_trainings_and_clusters_the_updates():
     for c, k in enumerate(algo.env.ground_truth):
         upd = np.stack([centres[k] + 0.1 * g.normal(size=p) for _ in range(4)])
         reps.append(Message(c, torch.tensor(upd, dtype=torch.float32), N))
-    res = algo.server_step(st, RoundPlan([], st.models, round=1), reps, rng())
+    res = algo.server_step(st, RoundPlan([], st.models, round=1), view_of(algo, reps), rng())
     assert adjusted_rand_score(algo.env.ground_truth, res.state.assigned) == 1.0
     k0 = res.state.assigned[0]  # cluster model k moved by its members' updates at model k
     mean = torch.stack([r.update[k0] for r in reps[:3]]).mean(0)
@@ -124,7 +124,9 @@ def test_mr_mtl_keeps_personal_models_pulled_to_the_mean():
         task = algo.plan_round(algo.init_state(rng()), 1, rng()).tasks[0]
         assert task.train.prox_mu == lam
         task.state = personal
-        rep = algo.client_step(task, ClientContext(0, 1, 0, trainer, OneClient(x, y), [mean]))
+        rep = algo.client_step(
+            task, ClientContext(0, 1, 0, trainer, OneClient(x, y), [mean], releaser_of(algo))
+        )
         assert torch.allclose(rep.update, rep.state - mean)  # what the server averages
         outs[lam] = rep.state
     # the pull towards the mean keeps the personal model closer to it
@@ -135,7 +137,7 @@ def test_mr_mtl_keeps_personal_models_pulled_to_the_mean():
         Message(0, torch.ones_like(st.model), 1),
         Message(1, 3 * torch.ones_like(st.model), 1),
     ]
-    res = algo.server_step(st, RoundPlan([], [st.model], round=1), reps, rng())
+    res = algo.server_step(st, RoundPlan([], [st.model], round=1), view_of(algo, reps), rng())
     assert torch.allclose(res.state.model, st.model + 2.0)  # w_bar: the mean personal model
 
 

@@ -27,7 +27,7 @@ from raysim.compare import for_algorithm, inline_loop, run_inline
 from raysim.config import load_config
 from raysim.experiment import prepare, run_prepared
 from raysim.metrics.evaluation import Judge
-from raysim.protocol import ClientReport, EvalReport, SecureContribution, SecureSums
+from raysim.protocol import ClientReport, EvalReport, SecureContribution
 from raysim.runtime.client_side import read_snapshot
 
 CLIENT_SEED = 98765432109876543210  # the clients' own: never in the server's process
@@ -128,10 +128,11 @@ def noise_regenerated_from_the_run_seed(algorithm, plan, view) -> bool:
     """The attack the run's seed would allow: draw the secure sum's noise as the engine did,
     from (seed, round, server, "secure"), and take it off the member counts. Where that is the
     real noise, every count comes back a whole number."""
+    from raysim.modes import make_mode  # the calibration is public: anyone can redo it
     from raysim.modes.secure import COUNT_WEIGHT
     from raysim.seeding import SERVER, numpy_rng
 
-    p = algorithm.privacy
+    p = make_mode(algorithm.cfg, algorithm.env.train_sizes, algorithm.privacy_needs())
     dim = int(plan.models[0].numel())
     noise = numpy_rng(algorithm.cfg.seed, plan.round, SERVER, "secure").normal(
         0.0, p.std, size=(len(plan.models), dim + 1)
@@ -154,8 +155,8 @@ class ProbingPINA(PINA):
         found = what_this_process_holds(self)
         found["probe_plan_states"] = sum(t.state is not None for t in plan.tasks)
         found["probe_client_seed"] = places_holding(CLIENT_SEED, gc.get_objects())
-        if isinstance(view, SecureSums):
-            found["probe_regenerated"] = noise_regenerated_from_the_run_seed(self, plan, view)
+        if getattr(view, "sums", None) is not None:
+            found["probe_regenerated"] = noise_regenerated_from_the_run_seed(self, plan, view.sums)
         result = super().server_step(state, plan, view, rng)
         result.metrics.update({k: float(v) for k, v in found.items()})
         return result
@@ -606,8 +607,9 @@ def test_a_secure_sum_in_the_sketch_round_is_charged_too():
 
     from raysim.protocol import RoundPlan
 
-    algo = _prep(algorithm=PINA).algorithm
-    mode, r = algo.privacy, algo.privacy.needs.local_round
+    prep = _prep(algorithm=PINA)
+    algo, mode = prep.algorithm, prep.mode
+    r = mode.needs.local_round
     assert [c.mechanism for c in mode.planned_charges(r, [0], [])] == ["local_gaussian_sketch"]
     contribution = SecureContribution(0, torch.zeros(8))
     plan = RoundPlan([], [torch.zeros(8)], round=r)

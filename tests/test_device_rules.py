@@ -60,12 +60,13 @@ class Clients:
         secure = prep.privacy_summary.get("secure_spec")
         self.side = ClientSide(KEY, {}, (), True, prep.client_seed, secure)
         args = (copy.deepcopy(prep.algorithm), prep.dataset, model_spec(cfg), cfg.seed, 1, 0.0)
-        args += (rt.vectorize, prep.client_seed)
+        args += (rt.vectorize, prep.client_seed, copy.deepcopy(prep.mode))
         self.worker = ClientWorker(*args, client_side=(self.side, KEY))
         self.size, self.eval_size = group_size(rt.client_group_size, 0.0), rt.eval_group_size
         algo = prep.algorithm
         state = algo.init_state(numpy_rng(cfg.seed, 0, SERVER, "init"))
         self.plan = algo.plan_round(state, 1, numpy_rng(cfg.seed, 1, SERVER, "plan"))
+        prep.mode.stamp(self.plan)
 
     def train(self, round: int, models=None, tasks=None) -> list[ClientReport]:
         models = self.plan.models if models is None else models
@@ -134,7 +135,7 @@ def test_a_client_releases_nothing_costlier_than_its_plan(change, what):
 
 def test_a_choice_is_released_only_where_and_as_the_plan_holds():
     prep = prep_for("algorithm.name=rdpcfl", "rounds=6")
-    algo, mode = prep.algorithm, prep.algorithm.privacy
+    algo, mode = prep.algorithm, prep.mode
     eps = mode.needs.selections[1]
     assert eps > 0 and not algo.may_select(1) and algo.may_select(2)
     rng = np.random.default_rng(0)
@@ -155,9 +156,11 @@ def test_a_sketch_is_released_only_in_its_round():
     sets = ["algorithm.name=pina", "privacy.mode=distributed", "privacy.epsilon=8"]
     sets += ["privacy.clip=1", "privacy.noise_cohort_size=6", "algorithm.sketch_dim=8"]
     sets += ["algorithm.num_clusters=2", "rounds=5"]
-    mode = prep_for(*sets).algorithm.privacy
+    mode = prep_for(*sets).mode
     r = mode.needs.local_round
-    sketch = mode.release_sketch(np.ones(50), 8, 7, np.random.default_rng(1))
+    released = ClientReport(0)
+    mode.release_sketch(released, np.ones(50), 8, 7, np.random.default_rng(1))
+    sketch = released.update
     vet_releases(mode, r, [ClientReport(0, update=sketch)], False)
     with pytest.raises(ReleaseRefused, match="local_gaussian_sketch"):
         vet_releases(mode, r + 1, [ClientReport(0, update=sketch)], False)
@@ -238,14 +241,14 @@ def test_a_client_trains_no_more_rounds_than_its_leakage_cap_allows():
     """Under dprivacy's cap the clients count their own releases, as the metric ledger adds
     them: a cap of 2.5 releases allows 2."""
     sets = ["privacy.mode=dprivacy", "privacy.nu=1000", "algorithm.name=fedavg", "rounds=5"]
-    mode = prep_for(*sets, "privacy.leakage_cap=null").algorithm.privacy
+    mode = prep_for(*sets, "privacy.leakage_cap=null").mode
     dim = 650
     assert mode.releases_per_client(dim) is None
     cap = 2.5 * mode.release_leakage(dim)
-    mode = prep_for(*sets, f"privacy.leakage_cap={cap}").algorithm.privacy
+    mode = prep_for(*sets, f"privacy.leakage_cap={cap}").mode
     assert mode.releases_per_client(dim) == 2
     exact = prep_for(*sets, f"privacy.leakage_cap={2 * mode.release_leakage(dim)}")
-    assert exact.algorithm.privacy.releases_per_client(dim) == 2
+    assert exact.mode.releases_per_client(dim) == 2
     side = ClientSide(KEY, {}, (), True, 7)
     for round in (1, 3):
         side.admit(KEY, "train", round, {0: b"a"}, limit=2)
@@ -319,7 +322,7 @@ def test_a_broadcast_that_makes_training_overflow_gives_a_release_like_any_other
 
 
 def test_a_non_finite_release_is_refused_and_spends_the_round():
-    mode = prep_for().algorithm.privacy
+    mode = prep_for().mode
     bad = ClientReport(0, update=Released(torch.tensor([float("nan")]), "dpsgd", None, {}))
     with pytest.raises(ReleaseRefused, match="not finite") as refused:
         vet_releases(mode, 1, [bad], False)

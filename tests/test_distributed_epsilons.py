@@ -100,7 +100,7 @@ def test_the_sketchs_gaussian_comes_first_without_amplification():
         "privacy.noise_cohort_size=6",
         "privacy.clip=1",
     )
-    mode = prep.algorithm.privacy
+    mode = prep.mode
     z, z_local, delta = mode.plan.noise, mode.plan.local_noise, prep.cfg.privacy.delta
     assert z_local is not None
     ledger = PrivacyLedger(delta, num_clients=12)

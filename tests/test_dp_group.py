@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import view_of
 
 from algorithms import Environment, get_algorithm
 from algorithms.clustered import ClusterState
@@ -74,7 +75,9 @@ def test_server_means_sanitized_parameters_and_an_empty_cluster_keeps_its_hypoth
         Message(1, torch.tensor([55.0, 56.5]), 0, 1),
         Message(2, torch.tensor([54.5, 55.5]), 0, 1),
     ]
-    res = algo.server_step(st, RoundPlan([], st.models, round=1), msgs, np.random.default_rng(0))
+    res = algo.server_step(
+        st, RoundPlan([], st.models, round=1), view_of(algo, msgs), np.random.default_rng(0)
+    )
     expected = torch.tensor([[5.5, 6.0], [5.0, 6.5], [4.5, 5.5]]).mean(0)
     assert torch.allclose(res.state.models[0], expected)
     assert torch.equal(res.state.models[1], st.models[1])  # empty after k-means: kept

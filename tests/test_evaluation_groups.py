@@ -89,10 +89,10 @@ def _count_shared(monkeypatch, worker) -> list[int]:
 def test_clients_on_a_broadcast_model_share_passes(monkeypatch, algorithm):
     worker, prep = _worker(**{"algorithm.name": algorithm, "privacy.mode": "none"})
     algo = worker.algorithm
-    plan = algo.plan_evaluation(prep.algorithm.init_state(np.random.default_rng(0)))
+    state = prep.algorithm.init_state(np.random.default_rng(0))
     if algorithm == "ifca":  # the server's assignment: clients on two different models
-        for t in plan.tasks:
-            t.cluster = t.client_id % 2
+        state.assigned = np.arange(algo.env.num_clients) % 2
+    plan = algo.plan_evaluation(state)
     alone = _evaluate(worker, plan, [[t] for t in plan.tasks])
     calls = _count_shared(monkeypatch, worker)
     groups = task_groups("evaluate", plan.tasks, 1, 5)

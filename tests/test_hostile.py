@@ -175,7 +175,7 @@ def test_a_cluster_choice_must_carry_its_own_charge(cls, why):
 
 
 def _sample_mode():
-    return prep(Hostile, *SAMPLE).algorithm.privacy
+    return prep(Hostile, *SAMPLE).mode
 
 
 @pytest.mark.parametrize(
@@ -280,8 +280,7 @@ def test_num_samples_is_the_clients_own_train_size(mode):
 
 def test_the_server_gets_only_declared_extra_fields():
     """What crosses is built from the declaration, not copied from the report."""
-    algo = prep(Hostile, *SAMPLE).algorithm
-    mode = algo.privacy
+    mode = prep(Hostile, *SAMPLE).mode
     from raysim.modes.base import to_message
 
     report = ClientReport(0, extra={"selected": True, "ignored": 1.5})
@@ -474,13 +473,14 @@ def test_a_sealed_update_opens_only_in_noisy_sum_and_never_pickles():
 
 def test_admission_of_a_report_built_by_hand():
     """The same checks where an algorithm skips the engine's helpers entirely."""
-    algo = prep(Hostile, *SAMPLE).algorithm
-    mode, plan = algo.privacy, RoundPlan([algo.task(0)], [algo.env.init_weights], round=1)
+    prepared = prep(Hostile, *SAMPLE)
+    algo, mode = prepared.algorithm, prepared.mode
+    plan = RoundPlan([algo.task(0)], [algo.env.init_weights], round=1)
     rng = np.random.default_rng(0)
     rep = ClientReport(0, Released(torch.zeros(3), "dpsgd"), 0, 0)
     with pytest.raises(TrustBoundaryError, match="carries no event"):
         mode.admit("hand", plan, [rep], rng)
-    mode = prep(Hostile, "privacy.mode=none").algorithm.privacy
+    mode = prep(Hostile, "privacy.mode=none").mode
     for cluster in (True, 1, -1, 2.0):  # a bool, a float, or past the round's one model
         rep = ClientReport(0, torch.zeros(3), 0, cluster)
         with pytest.raises(TrustBoundaryError, match="not an index"):
@@ -492,3 +492,82 @@ def test_rebalancing_sensitivity_under_add_remove_with_private_ids_raises():
         sensitivity(1.0, 3, replace_one=False)
     assert sensitivity(1.0, 3, replace_one=True) == 2.0
     assert sensitivity(1.0, 0, replace_one=False) == 1.0  # no rebalancing: one sum, C
+
+
+# ------------------------------------------------------------- 6. the engine owns the mode
+
+
+class LowersTheNoise(Hostile):
+    """Asks the mode for its noisy sum at a tiny sensitivity: noise for no client at all."""
+
+    name = "lowers_the_noise"
+
+    def server_step(self, state, plan, reports, rng):
+        total = reports.sum(list(reports), rng, like=state.model, sensitivity=1e-9)
+        return ServerResult(GlobalState(state.model + total / max(len(reports), 1)))
+
+
+class AsksForItsMode(Hostile):
+    """Looks for the privacy mode where an algorithm used to hold it, to branch on it."""
+
+    name = "asks_for_its_mode"
+
+    def server_step(self, state, plan, reports, rng):
+        if self.privacy.name == "client":  # noqa: B018 - the attribute is the attack
+            return ServerResult(state)
+        return super().server_step(state, plan, reports, rng)
+
+
+class ReadsTheSecureSlots(Hostile):
+    """Under secure aggregation, looks for the clients' individual vectors in its view."""
+
+    name = "reads_the_secure_slots"
+
+    def server_step(self, state, plan, reports, rng):
+        found = [m.update for m in reports]  # the view lists no client's vector
+        total = reports.sum(list(reports), rng, like=state.model)  # and sums none
+        return ServerResult(GlobalState(state.model + total), {"found": len(found)})
+
+
+def test_client_mode_refuses_a_noisy_sum_below_its_sensitivity():
+    with pytest.raises(TrustBoundaryError, match="sensitivity 1e-09 is below the mode's"):
+        step(LowersTheNoise, *CLIENT)
+
+
+@pytest.mark.parametrize("mode", ["none", "client"])
+def test_an_algorithm_holds_no_privacy_mode(mode):
+    """The engine builds the mode; nothing the algorithm holds is one."""
+    from raysim.modes import PrivacyMode
+
+    prepared = prep(Hostile, *MODES[mode])
+    assert isinstance(prepared.mode, PrivacyMode)
+    held = [v for v in vars(prepared.algorithm).values() if isinstance(v, PrivacyMode)]
+    assert held == []
+    with pytest.raises(AttributeError, match="privacy"):
+        step(AsksForItsMode, *MODES[mode])
+
+
+def test_secure_aggregation_shows_no_client_vector_and_no_sum_of_messages():
+    sets = ("privacy.mode=distributed", "privacy.client_seed=7", "privacy.noise_cohort_size=12")
+    with pytest.raises(TrustBoundaryError, match="per-slot sums only"):
+        step(ReadsTheSecureSlots, *sets)
+
+
+def test_algorithms_never_dispatch_on_the_privacy_mode():
+    """The acceptance of the engine-owned mode, kept: no algorithm builds, imports or branches
+    on a mode (it asks its view, ``raysim.modes.view``, and its context's releaser)."""
+    import pathlib
+    import re
+
+    forbidden = re.compile(
+        r"central_noise|secure_aggregation|SecureSums|make_mode|privacy\.mode|PrivacyMode\b"
+        r"|self\.privacy\b"
+    )
+    root = pathlib.Path(__file__).resolve().parents[1] / "algorithms"
+    hits = [
+        f"{path.name}:{i}: {line.strip()}"
+        for path in sorted(root.glob("*.py"))
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if forbidden.search(line)
+    ]
+    assert hits == []

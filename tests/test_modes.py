@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import RAY_TIMEOUT_S, small_config
+from conftest import RAY_TIMEOUT_S, mode_of, small_config
 
 from algorithms import Environment, get_algorithm
 from algorithms.fedavg import FedAvg
@@ -52,7 +52,8 @@ def test_every_configurable_mode_is_registered_and_named_alike():
     for name, cls in MODES.items():
         assert cls.name == name
     assert not MODES["distributed"].trusted_server and not MODES["dprivacy"].trusted_server
-    assert MODES["client"].central_noise and MODES["distributed"].secure_aggregation
+    plain = MODES["none"].view  # the exact aggregations; client noises, distributed sums apart
+    assert MODES["client"].view is not plain and MODES["distributed"].view is not plain
 
 
 def test_an_algorithm_refuses_a_mode_it_does_not_support():
@@ -94,7 +95,7 @@ def replayed_rows(prep) -> tuple[list, list]:
         selecting = [
             t.client_id for t in sorted(tasks, key=lambda t: t.client_id) if t.extra.get("select")
         ]
-        for ch in algo.privacy.planned_charges(r, ids, selecting):
+        for ch in mode_of(algo).planned_charges(r, ids, selecting):
             plan.charge(r, ch.clients, ch.mechanism, ch.event, ch.params)
 
     def key(row):
@@ -305,8 +306,8 @@ def test_server_output_depends_only_on_the_slot_sums():
         reports = [ClientReport(c) for c in range(4)]
         for r, con in zip(reports, contributions(vectors, [0, 0, 1, 1]), strict=True):
             r.contribution = con
-        view = algo.privacy.admit(algo.name, plan, reports, np.random.default_rng(7))
-        assert isinstance(view, SecureSums)
+        view = mode_of(algo).admit(algo.name, plan, reports, np.random.default_rng(7))
+        assert view.sums is not None  # the server's view: the slot sums alone
         outs.append(algo.server_step(state, plan, view, np.random.default_rng(3)).state.models)
     assert all(torch.equal(x, y) for x, y in zip(*outs, strict=True))
     assert any(not np.array_equal(x, y) for x, y in zip(a, b, strict=True))
@@ -366,7 +367,7 @@ def test_distributed_calibration_and_noise_cohort_scaling():
         "training.sampling_rate=0.5",
     ]
     prep = prep_for(*sets)
-    mode = prep.algorithm.privacy
+    mode = prep.mode
     assert prep.cfg.privacy.delta == pytest.approx(1e6**-1.1)
     assert mode.plan.noise == pytest.approx(0.933, rel=5e-3)
     assert mode.std == pytest.approx(

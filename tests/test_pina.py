@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import mode_of
 from dp_accounting import (
     ComposedDpEvent,
     GaussianDpEvent,
@@ -26,6 +27,7 @@ from raysim.config import ConfigError, load_config
 from raysim.experiment import prepare
 from raysim.modes import TrustBoundaryError
 from raysim.modes.distributed import SKETCH_MECHANISM
+from raysim.modes.view import SecureReports
 from raysim.privacy import Released
 from raysim.protocol import ClientReport, Message, RoundPlan, SecureContribution, SecureSums
 
@@ -62,7 +64,7 @@ def recording_loop(prep):
     step received."""
     algo = prep.algorithm
     seen: list[tuple[int, list[ClientReport], object]] = []
-    admit, step = algo.privacy.admit, algo.server_step
+    admit, step = prep.mode.admit, algo.server_step
     reports_of: dict[int, list[ClientReport]] = {}
 
     def admit_rec(name, plan, reports, rng, secure=None):
@@ -73,7 +75,7 @@ def recording_loop(prep):
         seen.append((plan.round, reports_of[plan.round], view))
         return step(state, plan, view, rng)
 
-    algo.privacy.admit, algo.server_step = admit_rec, step_rec
+    prep.mode.admit, algo.server_step = admit_rec, step_rec
     return inline_loop(prep), seen
 
 
@@ -87,7 +89,7 @@ def test_the_server_step_sees_only_privatized_sketches_and_secure_sums():
         loop.step()
     dim = prep.algorithm.env.init_weights.numel()
     k = prep.algorithm.params.sketch_dim
-    z_local = prep.algorithm.privacy.plan.local_noise
+    z_local = prep.mode.plan.local_noise
     assert [r for r, _, _ in seen] == [1, 2, 3, 4]
     # round 1: only the released sketches, each the very Released value its client sent
     _, reports, view = seen[0]
@@ -104,14 +106,15 @@ def test_the_server_step_sees_only_privatized_sketches_and_secure_sums():
         assert 0.5 * z_local * np.sqrt(k) < gap < 1.5 * z_local * np.sqrt(k)
     # later rounds: per-slot noisy sums and counts only, no message, no sketch
     for _, reports, view in seen[1:]:
-        assert isinstance(view, SecureSums) and view.released == []
-        assert len(view.sums) == len(view.counts) == 2
-        assert all(s.numel() == dim for s in view.sums)
+        assert isinstance(view, SecureReports) and view.sums is not None and list(view) == []
+        sums = view.sums
+        assert len(sums.sums) == len(sums.counts) == 2
+        assert all(s.numel() == dim for s in sums.sums)
         assert all(r.update is None and r.cluster is None for r in reports)
         assert all(r.contribution is not None for r in reports)
         # each slot's sum is its members' clipped vectors plus noise at the calibrated std
-        std = prep.algorithm.privacy.std
-        for slot, noisy in enumerate(view.sums):
+        std = prep.mode.std
+        for slot, noisy in enumerate(sums.sums):
             clean = sum(
                 (r.contribution.vector.double() for r in reports if r.contribution.slot == slot),
                 torch.zeros(dim, dtype=torch.float64),
@@ -135,22 +138,22 @@ def test_the_runtime_check_refuses_raw_or_mislabelled_sketches():
     k = algo.params.sketch_dim
     raw = ClientReport(0, update=torch.zeros(k))
     with pytest.raises(TrustBoundaryError, match="update"):
-        algo.privacy.admit(algo.name, plan, [raw], np.random.default_rng(0))
+        mode_of(algo).admit(algo.name, plan, [raw], np.random.default_rng(0))
     weak = Released(np.zeros(k), SKETCH_MECHANISM, GaussianDpEvent(0.01), {"k": k})
     with pytest.raises(TrustBoundaryError, match="calibrated local event"):
-        algo.privacy.admit(algo.name, plan, [ClientReport(0, update=weak)], None)
-    good = algo.privacy.release_sketch(np.ones(500), k, 7, np.random.default_rng(1))
-    rep = ClientReport(0, update=good)
+        mode_of(algo).admit(algo.name, plan, [ClientReport(0, update=weak)], None)
+    rep = ClientReport(0)
+    mode_of(algo).release_sketch(rep, np.ones(500), k, 7, np.random.default_rng(1))
     rep.contribution = SecureContribution(0, torch.zeros(algo.env.init_weights.numel()))
     with pytest.raises(TrustBoundaryError, match="no secure aggregation"):
-        algo.privacy.admit(algo.name, plan, [rep], np.random.default_rng(0))
+        mode_of(algo).admit(algo.name, plan, [rep], np.random.default_rng(0))
 
 
 def test_calibration_covers_the_sketch_and_every_secure_sum():
     """Checked with plain dp_accounting: the sketching client composes one Gaussian (z_l) with
     rounds - 1 Poisson-sampled Gaussians at q = noise_cohort / population."""
     prep = prep_for(*SMALL, "rounds=30")
-    mode = prep.algorithm.privacy
+    mode = prep.mode
     z, z_l, delta = mode.plan.noise, mode.plan.local_noise, prep.cfg.privacy.delta
     assert mode.plan.releases == 29
     orders = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 128))
@@ -224,7 +227,7 @@ def test_the_normality_gate_skips_a_cluster_that_holds_only_noise():
         )
         state = PinaState([algo.env.init_weights.clone() for _ in range(2)])
         plan = RoundPlan([], state.models, round=5)
-        outs[rule] = algo.server_step(state, plan, sums, np.random.default_rng(0))
+        outs[rule] = algo.server_step(state, plan, SecureReports(sums), np.random.default_rng(0))
     base = prep.algorithm.env.init_weights
     gate, sw, off = outs["gate"], outs["sw_weight"], outs["off"]
     assert gate.metrics["sw_p_0"] < 0.05 <= gate.metrics["sw_p_1"]

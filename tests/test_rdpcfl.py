@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from conftest import mode_of, releaser_of, summary_of, view_of
 from sklearn.metrics import adjusted_rand_score
 
 from algorithms import Environment, get_algorithm
@@ -23,6 +24,7 @@ from algorithms.clustered import ClusterState, SelectionParams, model_scores, se
 from algorithms.rdpcfl import RDPCFL
 from raysim.clustering import max_pairwise_overlap, sample_assignments, switch_round
 from raysim.config import ConfigError, load_config
+from raysim.experiment import check_supports
 from raysim.models import build_model, flat_params
 from raysim.privacy import (
     Phase,
@@ -90,7 +92,7 @@ def test_schedule_is_full_batch_then_poisson():
 
 def test_noise_is_calibrated_for_schedule_plus_reserved_selections():
     algo = RDPCFL(env_for("rounds=4", calibrate=True))
-    z = algo.privacy.plan.noise[N]
+    z = mode_of(algo).plan.noise[N]
     assert algo.reserved_selections() == 3  # E - 1: E_c >= 1 leaves at most rounds 2..E
     sched = algo.dpsgd_schedule(N)
     total = [dpsgd_event(sched, z), selection_event(0.05, 3)]
@@ -100,7 +102,7 @@ def test_noise_is_calibrated_for_schedule_plus_reserved_selections():
     assert eps <= 4.0 + 1e-9 and eps > 3.95  # meets the budget, wastes (almost) none of it
     # without the selections the same z would leave room: they are really reserved
     assert epsilon(dpsgd_event(sched, z), 1e-4) < eps
-    summary = algo.privacy_summary()
+    summary = summary_of(algo)
     assert summary["reserved_selections"] == 3 and summary["eps_select"] == 0.05
     # the worst-case replay (raysim privacy) spends exactly what was calibrated
     from raysim.privacy import PrivacyLedger
@@ -109,7 +111,7 @@ def test_noise_is_calibrated_for_schedule_plus_reserved_selections():
     everyone = list(range(21))
     for r in range(1, 5):
         selecting = everyone if algo.may_select(r) else []
-        for ch in algo.privacy.planned_charges(r, everyone, selecting):
+        for ch in mode_of(algo).planned_charges(r, everyone, selecting):
             ledger.charge(r, ch.clients, ch.mechanism, ch.event, ch.params)
     assert ledger.epsilon(0) == pytest.approx(eps, rel=1e-6)
 
@@ -119,14 +121,14 @@ def test_selection_window_reserves_fewer():
     assert algo.reserved_selections() == 1
     full = RDPCFL(env_for("rounds=3", calibrate=True))
     assert full.reserved_selections() == 2
-    assert algo.privacy.plan.noise[N] < full.privacy.plan.noise[N]
+    assert mode_of(algo).plan.noise[N] < mode_of(full).plan.noise[N]
 
 
 def test_unknown_parameter_is_refused():
     with pytest.raises(ConfigError, match="eps_selct"):
         RDPCFL(env_for("algorithm.eps_selct=0.1"))
-    with pytest.raises(ConfigError, match="privacy.mode"):
-        RDPCFL(env_for("privacy.mode=client", "privacy.delta=1e-3", "data.num_clients=21"))
+    with pytest.raises(ConfigError, match="privacy.mode: algorithm 'rdpcfl' does not support"):
+        check_supports(env_for("privacy.mode=client").cfg, RDPCFL)
 
 
 # ------------------------------------------------------------------------------ round 1
@@ -135,9 +137,10 @@ def test_unknown_parameter_is_refused():
 def test_round_one_trains_everyone_full_batch_from_the_initial_model():
     algo = RDPCFL(env_for("training.sampling_rate=0.5"))
     plan = algo.plan_round(algo.init_state(None), 1, np.random.default_rng(0))
+    mode_of(algo).stamp(plan)  # the engine's part: the clients' DP-SGD noise
     assert [t.client_id for t in plan.tasks] == list(range(21))  # all, despite sampling
     assert all(t.train.full_batch and t.cluster == 0 for t in plan.tasks)
-    assert all(t.train.dp_noise_multiplier == algo.privacy.plan.noise[N] for t in plan.tasks)
+    assert all(t.train.dp_noise_multiplier == mode_of(algo).plan.noise[N] for t in plan.tasks)
     assert len(plan.models) == 1 and torch.equal(plan.models[0], algo.env.init_weights)
 
 
@@ -152,7 +155,7 @@ def server_round1(algo: RDPCFL, reports, seed: int = 0):
     state = algo.init_state(None)
     plan = algo.plan_round(state, 1, np.random.default_rng(seed))
     plan.round = 1
-    return algo.server_step(state, plan, reports, np.random.default_rng(seed))
+    return algo.server_step(state, plan, view_of(algo, reports), np.random.default_rng(seed))
 
 
 def test_round_one_server_fits_gmm_sets_ec_and_restarts_models():
@@ -167,7 +170,7 @@ def test_round_one_server_fits_gmm_sets_ec_and_restarts_models():
     assert m["switch_round"] == switch_round(m["gmm_mpo"], 10) == 5
     assert st.info["posteriors"].shape == (21, 4)
     # every participant pays its full-batch round; no selection yet
-    planned = algo.privacy.planned_charges(1, list(range(21)), [])
+    planned = mode_of(algo).planned_charges(1, list(range(21)), [])
     assert [c.mechanism for c in planned] == ["dpsgd"] and planned[0].params["q"] == 1.0
     assert not algo.may_select(1)
 
@@ -245,7 +248,7 @@ def test_aggregation_is_the_plain_mean_per_cluster_and_selection_is_charged():
         Message(1, torch.full((p,), 3.0), N, 2, extra={"selected": True}),
         Message(2, torch.full((p,), 5.0), 5 * N, 0, extra={"selected": True}),
     ]
-    res = algo.server_step(st, plan, reps, np.random.default_rng(0))
+    res = algo.server_step(st, plan, view_of(algo, reps), np.random.default_rng(0))
     new = res.state
     assert torch.allclose(new.models[2], st.models[2] + 2.0)  # 1/|cluster| weights, not by N
     assert torch.allclose(new.models[0], st.models[0] + 5.0)
@@ -253,9 +256,11 @@ def test_aggregation_is_the_plain_mean_per_cluster_and_selection_is_charged():
     assert new.assigned[:3].tolist() == [2, 2, 0]
     assert new.assigned[3:].tolist() == st.assigned[3:].tolist()
     # the choices are charged from their releases (raysim.modes.sample)
-    choice = algo.privacy.release_choice(np.array([0.0, 1.0]), 0.01, 0.05, np.random.default_rng(0))
+    choice = mode_of(algo).release_choice(
+        np.array([0.0, 1.0]), 0.01, 0.05, np.random.default_rng(0)
+    )
     sent = [ClientReport(c, None, N, choice) for c in (0, 1, 2)]
-    mech = {c.mechanism: c for c in algo.privacy.charges(4, sent)}
+    mech = {c.mechanism: c for c in mode_of(algo).charges(4, sent)}
     assert set(mech) == {"exponential_selection"}
     assert list(mech["exponential_selection"].clients) == [0, 1, 2]
     assert res.metrics["gmm_mss"] == 9.0 and res.metrics["stage"] == 3
@@ -265,13 +270,13 @@ def test_aggregation_is_the_plain_mean_per_cluster_and_selection_is_charged():
 
 
 @functools.cache
-def mode_of(private: bool):
-    return RDPCFL(env_for() if private else env_for("privacy.mode=none")).privacy
+def choice_mode(private: bool):
+    return mode_of(RDPCFL(env_for() if private else env_for("privacy.mode=none")))
 
 
 def choose(params, private, losses, accs, n, rng) -> int:
     """A client's choice through its privacy mode (sample-level DP, or none)."""
-    mode = mode_of(private)
+    mode = choice_mode(private)
     utility, sens = selection_utility(params, losses, accs, n)
     choice = mode.release_choice(utility, sens, params.eps_select, rng)
     return int(getattr(choice, "value", choice))
@@ -329,7 +334,7 @@ def test_client_picks_the_model_that_fits_its_data_and_trains_it():
     env = env_for("privacy.mode=none", sizes=[1], n=120)
     algo = RDPCFL(env)
     task = algo.selecting_task(0)
-    ctx = ClientContext(0, 12, 0, trainer, OneClient(x, y), [bad, good])
+    ctx = ClientContext(0, 12, 0, trainer, OneClient(x, y), [bad, good], releaser_of(algo))
     report = algo.client_step(task, ctx)
     assert report.cluster == 1 and report.extra["selected"]
     assert report.update is not None and report.update.shape == good.shape

@@ -11,6 +11,7 @@ import dp_accounting as dpa
 import numpy as np
 import pytest
 import torch
+from conftest import mode_of, releaser_of, view_of
 from test_rdpcfl import env_for
 
 from algorithms import Environment
@@ -55,8 +56,10 @@ def test_B_zero_is_ifca_exactly():
     p1, p2 = ifca.plan_round(s1, 1, rng(1)), rr.plan_round(s2, 1, rng(1))
     assert [(t.client_id, t.extra) for t in p1.tasks] == [(t.client_id, t.extra) for t in p2.tasks]
     reps = reports_for(ifca, 2)  # cluster 2 gets nothing
-    r1 = ifca.server_step(s1, RoundPlan([], s1.models, round=1), reps, rng(2))
-    r2 = rr.server_step(s2, RoundPlan([], s2.models, round=1), copy.deepcopy(reps), rng(2))
+    r1 = ifca.server_step(s1, RoundPlan([], s1.models, round=1), view_of(ifca, reps), rng(2))
+    r2 = rr.server_step(
+        s2, RoundPlan([], s2.models, round=1), view_of(rr, copy.deepcopy(reps)), rng(2)
+    )
     assert all(torch.equal(a, b) for a, b in zip(r1.state.models, r2.state.models, strict=True))
     assert torch.equal(r2.state.models[2], s2.models[2])
 
@@ -64,14 +67,16 @@ def test_B_zero_is_ifca_exactly():
 def test_rebalancing_feeds_every_cluster():
     rr = RRCluster(env_for("privacy.mode=none", "algorithm.num_clusters=3", "algorithm.B=3"))
     st = rr.init_state(rng())
-    res = rr.server_step(st, RoundPlan([], st.models, round=1), reports_for(rr, 2), rng(2))
+    res = rr.server_step(
+        st, RoundPlan([], st.models, round=1), view_of(rr, reports_for(rr, 2)), rng(2)
+    )
     assert not torch.equal(res.state.models[2], st.models[2])
     assert res.metrics["round_cluster_size_min"] == 3
 
 
 def test_client_mode_needs_fixed_cohorts_and_small_B():
-    with pytest.raises(ConfigError, match="without_replacement"):
-        RRCluster(env_for("privacy.mode=client"))
+    with pytest.raises(ConfigError, match="without_replacement"):  # the mode refuses it
+        mode_of(RRCluster(env_for("privacy.mode=client", "algorithm.B=0")))
     with pytest.raises(ConfigError, match="B <= qM/k"):
         RRCluster(env_for(*CLIENT, "training.sampling_rate=0.5", "algorithm.B=3"))
 
@@ -83,21 +88,21 @@ def test_identifiers_are_privatized():
     choices = np.arange(n) % k
     reps = [Message(c, None, 1, int(choices[c])) for c in range(n)]
     quiet = RRCluster(env_for(*CLIENT, "algorithm.B=0", "privacy.noise_multiplier=0.1"))
-    assert np.array_equal(quiet.group(reps, k, rng()), choices)
+    assert np.array_equal(quiet.group(view_of(quiet, reps), k, rng()), choices)
     loud = RRCluster(env_for(*CLIENT, "algorithm.B=0", "privacy.noise_multiplier=50"))
-    kept = np.mean(loud.group(reps, k, rng()) == choices)
+    kept = np.mean(loud.group(view_of(loud, reps), k, rng()) == choices)
     # the noise std is 50*sqrt(2) times the one-hot's height: the closed-form keep rate, within
     # four binomial standard deviations of the 400 draws
     expected = keep_probability(50 * math.sqrt(2), k)
     assert abs(kept - expected) < 4 * math.sqrt(expected * (1 - expected) / n)
     # std / sensitivity of the ids = the plan's multiplier (replace-one sensitivity sqrt(2)*C_s)
-    assert quiet.privacy.plan.id_noise == pytest.approx(0.1)  # id_noise_ratio 1
+    assert mode_of(quiet).plan.id_noise == pytest.approx(0.1)  # id_noise_ratio 1
 
 
 def test_one_round_event_composes_ids_and_models_under_sampling():
     sets = (*CLIENT, "training.sampling_rate=0.5", "privacy.noise_multiplier=2", "algorithm.B=2")
     algo = RRCluster(env_for(*sets))
-    ev = algo.privacy.planned_charges(1, [], [])[0].event
+    ev = mode_of(algo).planned_charges(1, [], [])[0].event
     assert isinstance(ev, dpa.SampledWithoutReplacementDpEvent)
     assert (ev.source_dataset_size, ev.sample_size) == (21, 10)
     zs = sorted(e.noise_multiplier for e in ev.event.events)
@@ -111,7 +116,7 @@ def test_one_round_event_composes_ids_and_models_under_sampling():
 def test_calibrated_run_spends_the_budget():
     sets = (*CLIENT, "training.sampling_rate=0.5", "rounds=5", "privacy.epsilon=4", "algorithm.B=2")
     algo = RRCluster(env_for(*sets, calibrate=True))
-    ev = dpa.SelfComposedDpEvent(algo.privacy.plan.round_event(), 5)
+    ev = dpa.SelfComposedDpEvent(mode_of(algo).plan.round_event(), 5)
     assert epsilon(ev, 1e-4) == pytest.approx(4.0, rel=2e-2)
 
 
@@ -156,11 +161,19 @@ def synthetic_run(name: str, *sets: str) -> tuple[list[torch.Tensor], list[torch
     for r in range(1, cfg.rounds + 1):
         plan = algo.plan_round(state, r, numpy_rng(cfg.seed, r, SERVER, "plan"))
         plan.round = r
+        mode_of(algo).stamp(plan)  # what the engine adds to the plan: the update clip
         reps = [
-            algo.client_step(t, ClientContext(t.client_id, r, cfg.seed, trainer, ds, plan.models))
+            algo.client_step(
+                t,
+                ClientContext(
+                    t.client_id, r, cfg.seed, trainer, ds, plan.models, releaser_of(algo)
+                ),
+            )
             for t in plan.tasks
         ]
-        state = algo.server_step(state, plan, reps, numpy_rng(cfg.seed, r, SERVER, "server")).state
+        state = algo.server_step(
+            state, plan, view_of(algo, reps), numpy_rng(cfg.seed, r, SERVER, "server")
+        ).state
     return init, state.models
 
 
@@ -190,7 +203,7 @@ def test_gmfsc_gives_small_clusters_the_global_model():
     algo = RRCluster(env_for(*sets, "algorithm.small_clusters=global"))
     st = algo.init_state(rng())
     reps = reports_for(algo, 2, n=7)  # sizes 4, 3, 0: cluster 2 is small, nothing moves
-    res = algo.server_step(st, RoundPlan([], st.models, round=1), reps, rng(2))
+    res = algo.server_step(st, RoundPlan([], st.models, round=1), view_of(algo, reps), rng(2))
     assert res.metrics["round_cluster_size_min"] == 0
     expected = torch.stack(st.models).mean(0) + sum(r.update for r in reps) / len(reps)
     assert torch.allclose(res.state.models[2], expected, atol=1e-6)
@@ -210,7 +223,7 @@ def test_fedcam_moves_global_and_cluster_parts():
     algo = RRCluster(env_for(*sets, "algorithm.base=fedcam", "algorithm.global_share=0.5"))
     st = algo.init_state(rng())
     reps = reports_for(algo, 1, n=4)  # everyone in cluster 0
-    res = algo.server_step(st, RoundPlan([], st.models, round=1), reps, rng(2))
+    res = algo.server_step(st, RoundPlan([], st.models, round=1), view_of(algo, reps), rng(2))
     mean = sum(r.update for r in reps) / 4
     g0 = torch.stack(st.models).mean(0)
     assert torch.allclose(res.state.info["global"], g0 + 0.5 * mean, atol=1e-6)
@@ -259,7 +272,9 @@ def test_a_B_that_moves_nothing_changes_no_draw():
     for b in ("0", "1"):
         algo = RRCluster(env_for(*base, f"algorithm.B={b}"))
         st = algo.init_state(rng())
-        res = algo.server_step(st, RoundPlan([], st.models, round=1), reports_for(algo, 2), rng(5))
+        res = algo.server_step(
+            st, RoundPlan([], st.models, round=1), view_of(algo, reports_for(algo, 2)), rng(5)
+        )
         assert res.metrics.get("rebalance_moved", 0) == 0
         outs.append(res.state.models)
     assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))

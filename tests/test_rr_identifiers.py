@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import mode_of, summary_of, view_of
 from scipy import stats
 from test_modes import prep_for
 from test_rdpcfl import env_for
@@ -56,16 +57,16 @@ def test_replacing_one_update_changes_one_cluster_sum_by_at_most_2C(B):
     algo = RRCluster(env_for(*CLIENT, "algorithm.num_clusters=3", f"algorithm.B={B}"))
     st = algo.init_state(rng())
     reps = reports(algo, k)
-    fixed = algo.privacy.privatize_ids(np.array([r.cluster for r in reps]), k, 0.1, rng(5))
-    algo.privacy.privatize_ids = lambda ids, k, clip, rng: fixed  # the conditioning value
+    fixed = mode_of(algo).privatize_ids(np.array([r.cluster for r in reps]), k, 0.1, rng(5))
+    mode_of(algo).privatize_ids = lambda ids, k, clip, rng: fixed  # the conditioning value
     other = copy.deepcopy(reps)
     i = 4
     delta = reps[i].update * (clip / reps[i].update.norm())  # a clipped update at norm C
     reps[i].update = delta
     other[i] = Message(reps[i].client_id, -delta, 10, (reps[i].cluster + 1) % k)
     plan = RoundPlan([], st.models, round=1)
-    a = algo.server_step(st, plan, reps, rng(7))
-    b = algo.server_step(st, plan, other, rng(7))
+    a = algo.server_step(st, plan, view_of(algo, reps), rng(7))
+    b = algo.server_step(st, plan, view_of(algo, other), rng(7))
     ga, gb = a.state.info["grouping"], b.state.info["grouping"]
     assert np.array_equal(ga.after, gb.after) and np.array_equal(ga.before, fixed)
     sizes = np.bincount(ga.after, minlength=k)
@@ -124,7 +125,7 @@ def test_balanced_config_s_and_keep_and_the_ceiling():
         "algorithm.B=12",
     ]
     algo = RRCluster(env_for(*sets, sizes=[250] * 4, calibrate=True))
-    out = algo.privacy_summary()
+    out = summary_of(algo)
     assert out["id_noise_to_signal"] == pytest.approx(2.85, abs=0.01)
     assert out["id_keep_analytic"] == pytest.approx(0.348, abs=0.005)
     assert out["id_keep_ceiling"] == pytest.approx(0.392, abs=0.005)
@@ -140,13 +141,13 @@ def test_unaccounted_ids_are_released_uncharged_and_labelled():
     sets = (*CLIENT, "algorithm.identifiers=unaccounted", "algorithm.B=0")
     algo = RRCluster(env_for(*sets))
     reps = reports(algo, 4, n=40)
-    g, _, _ = algo.grouping(reps, 4, rng())
+    g, _, _ = algo.grouping(view_of(algo, reps), 4, rng())
     assert np.array_equal(g.before, [r.cluster for r in reps])  # s = 0: the exact ids
-    rel = [r for r in algo.privacy._server_releases if r.mechanism == "identifier_unaccounted"]
+    rel = [r for r in mode_of(algo)._server_releases if r.mechanism == "identifier_unaccounted"]
     assert len(rel) == 1 and rel[0].event is None and rel[0].params["accounted"] is False
-    charge = algo.privacy.planned_charges(1, [], [])[0]
+    charge = mode_of(algo).planned_charges(1, [], [])[0]
     assert isinstance(charge.event.event, dpa.GaussianDpEvent)  # the model Gaussian only
-    assert "not private" in algo.privacy_summary()["identifiers_warning"]
+    assert "not private" in summary_of(algo)["identifiers_warning"]
     noisy = RRCluster(
         env_for(
             *CLIENT,
@@ -156,26 +157,26 @@ def test_unaccounted_ids_are_released_uncharged_and_labelled():
         )
     )
     many = [Message(c, None, 1, c % 4) for c in range(4000)]
-    kept = np.mean(noisy.group(many, 4, rng()) == np.arange(4000) % 4)
+    kept = np.mean(noisy.group(view_of(noisy, many), 4, rng()) == np.arange(4000) % 4)
     assert kept == pytest.approx(keep_probability(1.0, 4), abs=0.03)
-    assert noisy.privacy_summary()["id_keep_analytic"] == pytest.approx(keep_probability(1.0, 4))
+    assert summary_of(noisy)["id_keep_analytic"] == pytest.approx(keep_probability(1.0, 4))
 
 
 def test_histogram_releases_noisy_counts_and_pays_the_exact_id_sensitivity():
     algo = RRCluster(env_for(*CLIENT, "algorithm.identifiers=histogram", "algorithm.B=2"))
     assert algo.model_sensitivity() == pytest.approx(6 * 0.5)  # replace-one, exact ids
     ids = np.arange(40) % 4
-    draws = np.array([algo.privacy.noisy_histogram(ids, 4, rng(s)) for s in range(3000)])
+    draws = np.array([mode_of(algo).noisy_histogram(ids, 4, rng(s)) for s in range(3000)])
     assert draws.mean(0) == pytest.approx([10] * 4, abs=0.15)
-    assert draws.std() == pytest.approx(math.sqrt(2) * algo.privacy.plan.id_noise, rel=0.03)
-    charge = algo.privacy.planned_charges(1, [], [])[0]
+    assert draws.std() == pytest.approx(math.sqrt(2) * mode_of(algo).plan.id_noise, rel=0.03)
+    charge = mode_of(algo).planned_charges(1, [], [])[0]
     zs = sorted(e.noise_multiplier for e in charge.event.event.events)
     assert zs == [1.0, 1.0]  # the counts are charged like the per-client ids
-    assert charge.params["z_ids"] == algo.privacy.plan.id_noise  # named in privacy.parquet
+    assert charge.params["z_ids"] == mode_of(algo).plan.id_noise  # named in privacy.parquet
     # B = 0 and an empty group: under exact ids every cluster still releases a noisy sum
     b0 = RRCluster(env_for(*CLIENT, "algorithm.identifiers=histogram", "algorithm.B=0"))
     st = b0.init_state(rng())
-    res = b0.server_step(st, RoundPlan([], st.models, round=1), reports(b0, 2), rng(2))
+    res = b0.server_step(st, RoundPlan([], st.models, round=1), view_of(b0, reports(b0, 2)), rng(2))
     assert not torch.equal(res.state.models[3], st.models[3])
     assert res.metrics["rebalance_moved"] == 0 and res.metrics["id_noise_to_signal"] == 0.0
 
@@ -186,9 +187,9 @@ def test_the_papers_rule_with_exact_ids_is_labelled_as_understating_epsilon():
     exact = [*CLIENT, "algorithm.identifiers=histogram", "algorithm.B=2"]
     paper = RRCluster(env_for(*exact, "algorithm.sensitivity=paper"))
     assert paper.model_sensitivity() == pytest.approx(2 * 0.5)
-    assert "epsilon understated" in paper.privacy_summary()["accounting_warning"]
+    assert "epsilon understated" in summary_of(paper)["accounting_warning"]
     for sound in (exact, [*CLIENT, "algorithm.sensitivity=paper", "algorithm.B=2"]):
-        assert "accounting_warning" not in RRCluster(env_for(*sound)).privacy_summary()
+        assert "accounting_warning" not in summary_of(RRCluster(env_for(*sound)))
 
 
 # ------------------------------------------------------------------------ 4. diagnostics

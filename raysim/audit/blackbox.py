@@ -169,7 +169,7 @@ def final_scores(
 
 def claimed_epsilon(prep: Any, loop: Any) -> float:
     """The largest epsilon the run's ledger charged a client (inf where nothing is accounted)."""
-    if not prep.algorithm.privacy.accounts_epsilon:
+    if not prep.mode.accounts_epsilon:
         return float("inf")
     return float(max(loop.ledger.epsilon(c) for c in range(loop.num_clients)))
 

@@ -11,7 +11,7 @@ directions, the mechanism. Scores are oriented so that a higher score means "inc
   clipping brings it to C); the view is the released noisy sum (``noisy_sum``); score: its
   projection on the direction, less the others' known clipped sum, in units of C.
 * ``distributed``: the same canary client, through ``release_update`` (its secure slot) and
-  ``admit``; the view is what ``admit`` returns (``SecureSums``: the slot's noisy sum; a list of
+  ``admit``; the view is what ``admit`` returns (``SecureReports``: the slot's noisy sum; a list of
   messages, if a mode let them through: their sum).
 * ``sample``: a per-sample gradient canary of ``BOOST`` C along its direction, added to a
   client's DP-SGD steps (each step w.p. the client's Poisson rate) before Opacus' per-sample
@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from raysim.modes.view import SecureReports
 from raysim.privacy import PrivacyLedger, clip_l2
-from raysim.protocol import ClientReport, ClientTask, Message, RoundPlan, SecureSums
+from raysim.protocol import ClientReport, ClientTask, Message, RoundPlan
 from raysim.seeding import SERVER, numpy_rng, torch_generator
 
 BOOST = 2.0  # a canary's raw norm, in clips: what the mode's clipping must bring down to C
@@ -178,10 +179,10 @@ class SecureTarget(Target):
 def seen_sum(view: Any, dim: int) -> np.ndarray:
     """The sum of every vector the server was handed: a secure sum's slots, or messages."""
     total = np.zeros(dim)
-    if isinstance(view, SecureSums):
-        for s in view.sums:
+    if isinstance(view, SecureReports):
+        for s in view.sums.sums if view.sums is not None else []:
             total += s.double().numpy()
-        for msg in view.released:
+        for msg in view:
             total += np.asarray(msg.update, dtype=np.float64)[:dim]
         return total
     for msg in view:

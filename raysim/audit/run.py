@@ -69,7 +69,7 @@ class AuditResult:
 
 def make_target(prep: Any, seed: int, canaries: int, participation: str) -> Target:
     """The configured mode's target, built from the prepared algorithm's own (calibrated) mode."""
-    mode = prep.algorithm.privacy
+    mode = prep.mode
     dim = int(prep.env.init_weights.numel())
     cls = TARGETS.get(mode.name)
     if cls is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Real
 from typing import Any, ClassVar
 
@@ -22,13 +22,13 @@ import numpy as np
 import torch
 
 from raysim.config import ExperimentConfig
+from raysim.modes.view import Reports
 from raysim.privacy import Phase, Released
 from raysim.protocol import (
     Charge,
     ClientReport,
     Message,
     RoundPlan,
-    SecureSums,
     TrustBoundaryError,
 )
 
@@ -88,6 +88,9 @@ class PrivacyNeeds:
     local_release_share: float = 0.0
     local_round: int | None = None  # the round clients release it in (no secure sum that round)
     local_dim: int | None = None  # its dimension
+    # the setting (``key=value``) by which the server keeps the clients' cluster choices from
+    # round to round (None: it never needs them); a mode that hides them refuses it
+    server_knows_choices: str | None = None
 
 
 class PrivacyMode:
@@ -99,8 +102,8 @@ class PrivacyMode:
     # whether the run is (eps, delta)-DP and its ledger's epsilon means something (none: no DP;
     # dprivacy: metric DP, kept in its own ledger): else eps is written as missing, never as 0
     accounts_epsilon: ClassVar[bool] = True
-    central_noise: ClassVar[bool] = False  # the server noises sums (``noisy_sum``)
-    secure_aggregation: ClassVar[bool] = False  # the server gets SecureSums, not messages
+    # the ledger is a metric-DP one (d-privacy leakage, ``raysim.privacy.metric_ledger``)
+    metric: ClassVar[bool] = False
     # the mechanisms a client's ``Released`` may name under this mode, and what must carry its
     # cost: "event" (a DpEvent, the one its parameters determine) or "leakage" (metric DP)
     release_mechanisms: ClassVar[Mapping[str, str]] = {}
@@ -121,8 +124,17 @@ class PrivacyMode:
         return {"trusted_server": self.trusted_server, "accounts_epsilon": self.accounts_epsilon}
 
     def stamp(self, plan: RoundPlan) -> None:
-        """The engine's part of a round's tasks, set after the algorithm planned it (the round's
-        update clip under adaptive clipping behind secure aggregation)."""
+        """The engine's part of a round's tasks, set after the algorithm planned it: what each
+        client's local training must do under this mode (``train_overrides``), and the round's
+        update clip under adaptive clipping behind secure aggregation."""
+        for task in plan.tasks:
+            overrides = self.train_overrides(task.client_id)
+            if overrides and task.train is not None:
+                task.train = replace(task.train, **overrides)
+
+    def view(self, messages: Sequence[Message] = ()) -> Reports:
+        """The server's view of admitted messages (empty: to ask it what it releases)."""
+        return Reports(messages)
 
     # -- client side ---------------------------------------------------------------------------
     def train_overrides(self, client: int) -> dict[str, Any]:
@@ -135,6 +147,27 @@ class PrivacyMode:
         """Put the client's trained update on its report, in the form this mode sends (``slot``:
         where a secure aggregation adds it; default the task's cluster)."""
         report.update = result.update
+
+    def keep_update(self, report: ClientReport, task: Any, result: Any, ctx: Any) -> Any:
+        """The client keeps its update (a personal model): released as this mode requires but
+        withheld, so its cost is still charged; returns the value kept."""
+        self.release_update(report, task, result, ctx)
+        return report.withhold_update()
+
+    def release_sketch(
+        self,
+        report: ClientReport,
+        update: np.ndarray,
+        k: int,
+        projection_seed: int,
+        rng: np.random.Generator,
+    ) -> None:
+        """The client's update as a ``k``-dim random projection (public ``projection_seed``),
+        clipped to ``privacy.clip``, on its report: exact where the mode adds no local noise."""
+        from raysim.privacy.mechanisms import sketch_projection
+
+        value = sketch_projection(update, k, projection_seed, self.privacy.clip)
+        report.update = torch.from_numpy(value).float()
 
     def report_choice(self, report: ClientReport, choice: Any) -> None:
         """Put the client's cluster choice on its report (hidden in the slot under secure
@@ -155,7 +188,7 @@ class PrivacyMode:
         reports: list[ClientReport],
         rng: np.random.Generator,
         secure: Any = None,
-    ) -> list[Message] | SecureSums:
+    ) -> Reports | Any:
         """Check every report and return the server's view of the round (``secure``: where the
         clients' secure inputs are summed, for a mode with secure aggregation)."""
         tasks = {t.client_id: t for t in plan.tasks}
@@ -163,7 +196,7 @@ class PrivacyMode:
             task = tasks.get(rep.client_id)
             self.check(algorithm, rep, task)
             self.check_fields(algorithm, rep, task, len(plan.models))
-        return [to_message(r, self.extra_fields) for r in reports]
+        return self.view([to_message(r, self.extra_fields) for r in reports])
 
     def check(self, algorithm: str, report: ClientReport, task: Any) -> None:
         if report.contribution is not None or report.deposited:
@@ -242,6 +275,11 @@ class PrivacyMode:
         return None
 
     # -- server side ---------------------------------------------------------------------------
+    def expected_cohort(self) -> float:
+        """The public count a noisy sum is divided by: the expected number of clients a round
+        samples (``training.sampling_rate`` times the population)."""
+        return self.cfg.training.sampling_rate * self.num_clients
+
     def noisy_sum(
         self,
         updates: Sequence[torch.Tensor],

@@ -24,7 +24,9 @@ import numpy as np
 import torch
 
 from raysim import privacy as privacy_lib
+from raysim.config import ConfigError
 from raysim.modes.base import PrivacyMode, TrustBoundaryError
+from raysim.modes.view import NoisyReports
 from raysim.planning import CentralPlan
 from raysim.privacy import Released, clip_l2, gaussian_mechanism, geometric_clip_update
 from raysim.privacy import privatize_onehot as _privatize_onehot
@@ -42,11 +44,16 @@ UNACCOUNTED_WARNING = (
 class ClientLevel(PrivacyMode):
     name = "client"
     private = True
-    central_noise = True  # the (trusted) server sees raw updates and noises their sums
 
     def __init__(self, cfg, train_sizes, needs) -> None:
         super().__init__(cfg, train_sizes, needs)
         t = cfg.training
+        ids = needs.id_noise_ratio is not None or needs.unaccounted_id_noise is not None
+        if ids and t.sampling != "without_replacement":
+            raise ConfigError(
+                "training.sampling: client-level DP releases one cluster identifier per cohort "
+                "member, accounted only for fixed-size cohorts; use without_replacement"
+            )
         self.plan = CentralPlan(
             cfg.privacy,
             cfg.rounds,
@@ -95,7 +102,7 @@ class ClientLevel(PrivacyMode):
         reports: list[ClientReport],
         rng: np.random.Generator,
         secure: Any = None,
-    ) -> list[Message]:
+    ) -> NoisyReports:
         """The messages with each update sealed: the server step can only add them up through
         ``noisy_sum``, so what it publishes is made of noisy sums (or of nothing)."""
         messages = super().admit(algorithm, plan, reports, rng, secure)
@@ -103,6 +110,18 @@ class ClientLevel(PrivacyMode):
             if m.update is not None:
                 m.update = SealedUpdate(m.update)
         return messages  # type: ignore[return-value]
+
+    def view(self, messages: Sequence[Message] = ()) -> NoisyReports:
+        return NoisyReports(messages, self)
+
+    def noise(self) -> dict[str, Any]:
+        """The multipliers of the round's sums and identifiers and the neighbouring relation,
+        for an algorithm's diagnostics (``NoisyReports.noise``)."""
+        return {
+            "noise_multiplier": self.plan.noise,
+            "id_noise_multiplier": self.plan.id_noise,
+            "replace_one": self.replace_one,
+        }
 
     # -- server-side mechanisms ----------------------------------------------------------------
     def sensitivity(self, clip: float | None = None) -> float:

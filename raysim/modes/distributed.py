@@ -52,6 +52,7 @@ from raysim.modes.secure import (
     client_noise_share,
     contribution_sensitivity,
 )
+from raysim.modes.view import SecureReports
 from raysim.planning import refuse_over_budget
 from raysim.privacy import (
     BudgetError,
@@ -107,12 +108,17 @@ class Distributed(PrivacyMode):
     name = "distributed"
     trusted_server = False
     private = True
-    secure_aggregation = True
     release_mechanisms = {SKETCH_MECHANISM: "event"}
     extra_fields: ClassVar[Mapping[str, ExtraField]] = {}  # only the secure contribution leaves
     max_extra = 0
 
     def __init__(self, cfg, train_sizes, needs) -> None:
+        if needs.server_knows_choices:
+            raise PrivacyConfigError(
+                f"{needs.server_knows_choices}: under privacy.mode {self.name} the server never "
+                "learns the clients' choices, so it cannot hold them after the selection window; "
+                "the clients choose every round: leave it at 1"
+            )
         super().__init__(cfg, train_sizes, needs)
         p = cfg.privacy
         self.population = p.population or self.num_clients
@@ -225,19 +231,32 @@ class Distributed(PrivacyMode):
         report.contribution = SecureContribution(slot, vector.float(), share, under)
         report.update = report.cluster = None  # nothing else leaves the client
         report.num_samples = 0  # nor its dataset's size (a client's data replaced by none)
+        report.extra = {}
 
     def release_sketch(
-        self, update: np.ndarray, k: int, projection_seed: int, rng: np.random.Generator
-    ) -> Released:
+        self,
+        report: ClientReport,
+        update: np.ndarray,
+        k: int,
+        projection_seed: int,
+        rng: np.random.Generator,
+    ) -> None:
         """The client's one local release: a k-dim random projection of ``update`` (public
-        ``projection_seed``), clipped to S and noised at the calibrated z_l."""
+        ``projection_seed``), clipped to S and noised at the calibrated z_l; its size stays."""
         z = self.plan.local_noise
         if z is None:
             raise BudgetError("the algorithm reserved no local release (local_release_share)")
         clip = self.privacy.clip
         value = private_sketch(update, k, projection_seed, clip, z, rng)
         params = {"z": z, "k": int(k), "clip": clip}
-        return Released(value, SKETCH_MECHANISM, local_gaussian_event(z), params)
+        report.update = Released(value, SKETCH_MECHANISM, local_gaussian_event(z), params)
+        report.num_samples = 0
+
+    def keep_update(self, report: ClientReport, task: Any, result: Any, ctx: Any) -> Any:
+        """Kept on the client, nothing of it leaves: no secure input, nothing to charge."""
+        report.update = report.cluster = None
+        report.num_samples, report.extra = 0, {}
+        return result.update
 
     def report_choice(self, report: ClientReport, choice: Any) -> None:
         """The choice is the contribution's slot: hidden inside the secure sum."""
@@ -292,7 +311,7 @@ class Distributed(PrivacyMode):
         reports: list[ClientReport],
         rng: np.random.Generator | None,
         secure: SecureSumsOf | None = None,
-    ) -> SecureSums | list[Message] | Aborted:
+    ) -> SecureReports | Aborted:
         """SecureSums (with the round's released sketches beside them). A round planned without
         a secure sum (``plan.info["secure_sum"] = False``: PINA's sketch round, local training)
         releases none and is charged none: the server gets only the released sketches.
@@ -313,7 +332,7 @@ class Distributed(PrivacyMode):
         if plan.info.get("secure_sum", True) is False:  # the algorithm planned no secure sum
             if contributions or deposited:
                 refuse(algorithm, "contribution", "this round has no secure aggregation")
-            return sketches
+            return SecureReports(None, sketches)
         dim = int(plan.models[0].numel()) if plan.models else 0
         agg = self.secure_spec().aggregator(len(plan.models), dim, algorithm, self.clip)
         members = len(deposited) + len(contributions)
@@ -338,8 +357,10 @@ class Distributed(PrivacyMode):
             sums = agg.aggregate(contributions, rng)
         if self.adaptive:
             self._learn_clip(sums)
-        sums.released = sketches
-        return sums
+        return SecureReports(sums, sketches)
+
+    def view(self, messages: Sequence[Message] = ()) -> SecureReports:
+        return SecureReports(None, messages)
 
     def _learn_clip(self, sums: SecureSums) -> None:
         """Adaptive clipping (Andrew et al. 2021) from the released sum alone (post-processing):

@@ -31,6 +31,7 @@ class MetricLocal(PrivacyMode):
     trusted_server = False
     private = True
     accounts_epsilon = False  # metric DP: its leakage is in the metric ledger
+    metric = True
     release_mechanisms = {"d_privacy": "leakage"}
 
     def summary(self) -> dict[str, Any]:

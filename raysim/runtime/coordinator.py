@@ -77,6 +77,7 @@ def worker_args(
     num_gpus_per_worker: float,
     spec: Any,
     client_seed: int | None = None,
+    mode: Any = None,
 ) -> tuple[Any, ...]:
     """A ClientWorker's constructor arguments (``data_ref`` in a list: fetched in the actor),
     without the clients' side (``ClientSide.new_worker`` and the driver add it, as keyword)."""
@@ -90,6 +91,7 @@ def worker_args(
         num_gpus_per_worker,
         rt.vectorize,
         client_seed,
+        mode,
     )
 
 
@@ -99,6 +101,7 @@ def worker_factory(
     data_ref: Any,
     num_gpus_per_worker: float,
     spec: Any = None,
+    mode: Any = None,
 ) -> Callable[[int], Any]:
     """Starts ClientWorker actor i (used by the pool to replace a lost worker, and to start the
     workers where the driver did not). ``algorithm`` and ``spec`` (default:
@@ -108,7 +111,7 @@ def worker_factory(
 
         spec = model_spec(cfg)
     actor = ray.remote(ClientWorker).options(**worker_options(cfg.runtime, num_gpus_per_worker))
-    args = worker_args(cfg, algorithm, data_ref, num_gpus_per_worker, spec)
+    args = worker_args(cfg, algorithm, data_ref, num_gpus_per_worker, spec, None, mode)
 
     def make_worker(i: int) -> Any:
         return actor.remote(*args)
@@ -130,6 +133,7 @@ class Coordinator(Renewable):
         trains: bool = False,
         spec: Any = None,
         client_side: Any = None,
+        mode: Any = None,
     ) -> None:
         """`workers`: ClientWorker actors the driver already started (in parallel with this
         actor, docs/speed.md); None: start them here. `trains`: this process trains pieces of
@@ -146,15 +150,18 @@ class Coordinator(Renewable):
         # OMP_NUM_THREADS reaches torch only in a worker that loads it after Ray sets it)
         torch.set_num_threads(cfg.runtime.threads_per_worker)
         sealed, algorithm = algorithm, opened(algorithm)
+        sealed_mode, server_mode = mode, opened(mode)
         self.cfg = cfg
-        self.loop = RoundLoop(cfg, algorithm, true_clusters, self._execute)
+        self.loop = RoundLoop(cfg, algorithm, server_mode, true_clusters, self._execute)
         rt = cfg.runtime
         if spec is None:
             from raysim.models.spec import model_spec
 
             spec = model_spec(cfg)
         if client_side is None:
-            make_worker = worker_factory(cfg, algorithm, dataset_box[0], num_gpus_per_worker, spec)
+            make_worker = worker_factory(
+                cfg, algorithm, dataset_box[0], num_gpus_per_worker, spec, sealed_mode
+            )
         else:
             timeout = rt.round_timeout_s
             assert not trains, "an untrusted server's process trains no client"
@@ -173,6 +180,11 @@ class Coordinator(Renewable):
         local = None
         if trains:  # its own copy of the algorithm: client code never shares the server's object
             client_side = sealed if sealed is not algorithm else pickle.loads(pickle.dumps(sealed))
+            own_mode = (
+                sealed_mode
+                if sealed_mode is not server_mode
+                else pickle.loads(pickle.dumps(sealed_mode))
+            )
             local = ClientWorker(
                 client_side,
                 dataset_box,
@@ -181,6 +193,8 @@ class Coordinator(Renewable):
                 rt.threads_per_worker,
                 0.0,
                 rt.vectorize,
+                None,
+                own_mode,
             )
         self.pool = WorkerPool(make_worker, size, rt.round_timeout_s, workers, local)
 

@@ -100,7 +100,9 @@ def _start_workers(
     keeps them (``raysim.runtime.reuse``)."""
     rt = prep.cfg.runtime
     size = len(prep.truth) if rt.actor_per_client else rt.num_workers
-    args = worker_args(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec, prep.client_seed)
+    args = worker_args(
+        prep.cfg, prep.algorithm, data_ref, gpus, prep.spec, prep.client_seed, prep.mode
+    )
     if clients is not None:
         args = (*args, (OnRay(clients.actor), clients.key))
     opts = worker_options(rt, gpus)
@@ -132,7 +134,7 @@ class ClientsApart:
         rt = prep.cfg.runtime
         args = (
             worker_options(rt, gpus),
-            worker_args(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec, self.seed),
+            worker_args(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec, self.seed, prep.mode),
         )
         opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1, "max_restarts": 0}
         if ray.util.get_current_placement_group() is None:  # beside the driver, as the server
@@ -201,6 +203,7 @@ def _start_coordinator(
         trains,
         prep.spec,
         side,
+        prep.mode,
     )
     return reuse.start(Coordinator, opts, args, tag)
 

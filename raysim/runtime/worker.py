@@ -46,6 +46,7 @@ class ClientWorker(Renewable):
         num_gpus: float,
         vectorize: bool = True,
         client_seed: int | None = None,
+        mode: Any = None,
         client_side: tuple[Any, bytes] | None = None,
     ) -> None:
         """``algorithm`` and ``model_spec`` may be sealed (raysim.runtime.sealed).
@@ -60,8 +61,14 @@ class ClientWorker(Renewable):
         from raysim.training import LocalTrainer
 
         torch.set_num_threads(threads)
-        algorithm, model_spec = opened(algorithm), opened(model_spec)
+        algorithm, model_spec, mode = opened(algorithm), opened(model_spec), opened(mode)
         self.algorithm = algorithm
+        # the clients' side of the run's privacy mode: what a client step releases goes through
+        # it (ClientContext.release); None only for a worker that evaluates alone
+        self.mode = mode
+        from raysim.modes.releaser import Releaser
+
+        self.releaser = None if mode is None else Releaser(mode)
         if isinstance(dataset, list):  # [ObjectRef]: fetched here, zero-copy
             import ray
 
@@ -105,7 +112,7 @@ class ClientWorker(Renewable):
             out = self._run(kind, round, self._broadcast(models), groups)
             if kind == "train":
                 may_select = self.algorithm.may_select(round)
-                vet_releases(self.algorithm.privacy, round, out, may_select)
+                vet_releases(self.mode, round, out, may_select)
                 self._hand_back(round, out)
             else:  # the scores are the experimenter's: to the clients' side, none to the server
                 side, key = self.client_side
@@ -132,7 +139,15 @@ class ClientWorker(Renewable):
         out: list[Any] = []
         for group in groups:
             ctxs = [
-                ClientContext(t.client_id, round, self.seed, self.trainer, self.dataset, broadcast)
+                ClientContext(
+                    t.client_id,
+                    round,
+                    self.seed,
+                    self.trainer,
+                    self.dataset,
+                    broadcast,
+                    self.releaser,
+                )
                 for t in group
             ]
             steps = getattr(self.algorithm, "client_steps", None)
@@ -174,7 +189,7 @@ class ClientWorker(Renewable):
             raise ReleaseRefused(f"round {round}: a client was given two tasks in one piece")
         limit = None
         if kind == "train":  # the cap of the client's own model's releases
-            limit = self.algorithm.privacy.releases_per_client(self.trainer.dim)
+            limit = self.mode.releases_per_client(self.trainer.dim)
         states, new = side.admit(key, kind, round, requests, limit)
         for t in tasks:
             t.state = states.get(t.client_id)
