@@ -37,6 +37,7 @@ MODES = ("sample", "none")  # input-space canaries
 CLIENT_MODES = ("client", "distributed")  # canary clients (raysim.audit.clients)
 VIEW = "final models (black-box: the model each canary's client is judged on)"
 CANARIES = 500  # default canaries, capped at half the population's train rows
+CLAIM_NOTE = "the largest epsilon the run's ledger charged a client"
 
 
 def check_request(mode: str, runs: int, participation: str) -> None:
@@ -185,8 +186,6 @@ def blackbox_audit(
     """Train the configured experiment once with canaries; returns (AuditResult, rows, prep).
     ``prepare(cfg, dataset)`` builds the algorithm on the population with the canaries in, so
     the mode calibrates its noise for the train sets as trained on."""
-    from raysim.audit.bounds import one_run_bound
-    from raysim.audit.run import AuditResult
     from raysim.compare import inline_loop
     from raysim.experiment import build_dataset
 
@@ -211,23 +210,42 @@ def blackbox_audit(
         if row.get("early_stopped"):
             break
     scores = final_scores(prep, loop, x, y, owner)
+    result = one_run_result(prep, loop, scores, included, confidence, t0)
+    rows = {"index": np.arange(m), "included": included, "score": scores, "client": owner}
+    return result, rows, prep
+
+
+def one_run_result(
+    prep: Any,
+    loop: Any,
+    scores: np.ndarray,
+    included: np.ndarray,
+    confidence: float,
+    started: float,
+    note: str = CLAIM_NOTE,
+    view: str = VIEW,
+) -> Any:
+    """The black-box one-run audit's result: Steinke, Nasr and Jagielski's bound on the canaries'
+    ``scores`` against the largest epsilon the run's ledger charged (``note`` says so)."""
+    from raysim.audit.bounds import one_run_bound
+    from raysim.audit.run import AuditResult
+
+    cfg = prep.cfg
     bound = one_run_bound(scores, included, cfg.privacy.delta, confidence)
-    result = AuditResult(
+    return AuditResult(
         mode=cfg.privacy.mode,
         method=bound.method,
-        view=VIEW,
+        view=view,
         participation="hidden",
         claimed_epsilon=claimed_epsilon(prep, loop),
         lower_bound=bound.epsilon,
         confidence=confidence,
         delta=cfg.privacy.delta,
-        canaries=m,
+        canaries=len(scores),
         runs=1,
-        seconds=time.perf_counter() - t0,
-        claim_note="the largest epsilon the run's ledger charged a client",
+        seconds=time.perf_counter() - started,
+        claim_note=note,
         guesses=bound.guesses,
         correct=bound.correct,
         adversary="black-box",
     )
-    rows = {"index": np.arange(m), "included": included, "score": scores, "client": owner}
-    return result, rows, prep

@@ -212,9 +212,7 @@ def canary_client_audit(
     """Train the configured experiment once with canary clients; returns (AuditResult, rows,
     prep). ``prepare(cfg, dataset)`` builds the algorithm on the population with every canary
     slot in, so the mode calibrates for N + m clients whichever canaries are in."""
-    from raysim.audit.blackbox import claimed_epsilon, membership
-    from raysim.audit.bounds import one_run_bound
-    from raysim.audit.run import AuditResult
+    from raysim.audit.blackbox import CLAIM_NOTE, membership, one_run_result
     from raysim.compare import inline_loop
     from raysim.experiment import build_dataset, initial_weights
 
@@ -263,26 +261,9 @@ def canary_client_audit(
         )
     final = prep.algorithm.plan_evaluation(loop.state)
     scores = final_scores(prep, initial, final, u, ids)
-    bound = one_run_bound(scores, included, cfg.privacy.delta, confidence)
-    note = "the largest epsilon the run's ledger charged a client"
+    note = CLAIM_NOTE
     if cfg.privacy.mode == "distributed":
         note += " (amplified by sampling: the final models do not show who took part)"
-    result = AuditResult(
-        mode=cfg.privacy.mode,
-        method=bound.method,
-        view=VIEW,
-        participation="hidden",
-        claimed_epsilon=claimed_epsilon(prep, loop),
-        lower_bound=bound.epsilon,
-        confidence=confidence,
-        delta=cfg.privacy.delta,
-        canaries=m,
-        runs=1,
-        seconds=time.perf_counter() - t0,
-        claim_note=note,
-        guesses=bound.guesses,
-        correct=bound.correct,
-        adversary="black-box",
-    )
+    result = one_run_result(prep, loop, scores, included, confidence, t0, note, VIEW)
     rows = {"index": np.arange(m), "included": included, "score": scores, "client": ids}
     return result, rows, prep
