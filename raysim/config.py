@@ -29,7 +29,8 @@ from pydantic import (
 
 DATASETS = ("digits", "fmnist", "mnist", "synthetic_linear", "cifar10", "npz")
 SHIFTS = ("none", "rotation", "label_flip")
-PRIVACY_MODES = ("none", "sample", "client", "distributed", "dprivacy")  # raysim.modes
+# the privacy modes by name: the built-in ones, then any raysim.modes.register_mode adds
+PRIVACY_MODES = ["none", "sample", "client", "distributed", "dprivacy"]
 DEMO_CONFIG = Path(__file__).with_name("demo.yaml")  # the default experiment
 # The most rounds a config may ask for. Every round leaves records that the run keeps to its end
 # (a metrics row, the noise schedule's phase, the privacy ledger's charges), so a run's memory
@@ -412,12 +413,33 @@ class AlgorithmConfig(ConfigModel):
 
 
 class PrivacyConfig(_Section):
-    mode: Literal["none", "sample", "client", "distributed", "dprivacy"] = Field(
+    mode: str = Field(
         "sample",
         description="Who is trusted (`raysim list modes`, docs/privacy.md): none, sample (DP-SGD "
         "per client), client (trusted server, central noise), distributed (untrusted "
-        "server, secure aggregation), dprivacy (metric local DP).",
+        "server, secure aggregation), dprivacy (metric local DP), a mode registered with "
+        "raysim.modes.register_mode, or module:Name for one of your own (a PrivacyMode "
+        "subclass, docs/architecture.md).",
+        json_schema_extra={
+            "anyOf": [
+                {"enum": list(PRIVACY_MODES)},
+                {"pattern": r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"},
+            ]
+        },
     )
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, v: str) -> str:
+        if ":" in v:
+            check_import_path(v, "privacy.mode")
+        elif v not in PRIVACY_MODES:
+            raise ValueError(
+                f"privacy.mode: unknown mode {brief(v)}; allowed: {', '.join(PRIVACY_MODES)}, "
+                "or module:Name for a mode of your own"
+            )
+        return v
+
     epsilon: float | None = Field(
         4.0,
         gt=0,

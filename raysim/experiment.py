@@ -175,10 +175,13 @@ def prepare(
 
 
 def check_supports(cfg: ExperimentConfig, algorithm_cls: Any) -> None:
-    """The algorithm declares the modes it runs under (``privacy_modes``); the engine, which
-    owns the mode, refuses any other before anything is built."""
+    """The algorithm declares the modes it runs under (``privacy_modes``; a mode of one's own
+    runs where the built-in mode it serves as is declared); the engine, which owns the mode,
+    refuses any other before anything is built."""
+    from raysim.modes import mode_class
+
     allowed = getattr(algorithm_cls, "privacy_modes", ())
-    if cfg.privacy.mode not in allowed:
+    if mode_class(cfg.privacy.mode).contract() not in allowed:
         raise ConfigError(
             f"privacy.mode: algorithm {algorithm_cls.name!r} does not support "
             f"{cfg.privacy.mode!r}; allowed: {', '.join(allowed)}"
@@ -189,11 +192,10 @@ def server_view(cfg: ExperimentConfig) -> ExperimentConfig:
     """The config as the algorithm (the server's code) holds it: under a mode whose server is
     untrusted, without the data config (``protocol.HiddenData``), from which the run's seed would
     rebuild every client's rows and the true clusters."""
-    from raysim.modes import MODES
+    from raysim.modes import mode_class
     from raysim.protocol import HiddenData
 
-    mode = MODES.get(cfg.privacy.mode)
-    if mode is None or mode.trusted_server:
+    if mode_class(cfg.privacy.mode).trusted_server:
         return cfg
     return cfg.model_copy(update={"data": HiddenData()})
 

@@ -429,3 +429,31 @@ def test_ifca_behind_secure_aggregation_refuses_a_selection_window():
     """After a window the server would plan each client on the cluster it 'knows' (none)."""
     with pytest.raises(ConfigError, match="algorithm.selection_fraction=0.5: under"):
         prep_for(*IFCA_SECURE, "algorithm.selection_fraction=0.5")
+
+
+def test_register_mode_names_a_mode_of_ones_own_and_refuses_a_clash():
+    from raysim.modes import mode_class, register_mode
+    from raysim.modes.none import NoPrivacy
+
+    class Registered(NoPrivacy):
+        name = "registered_for_a_test"
+        serves_as = "none"
+
+    with pytest.raises(ConfigError, match="unknown mode 'registered_for_a_test'"):
+        load_config(None, ["privacy.mode=registered_for_a_test"])
+    assert register_mode(Registered) is Registered
+    try:
+        cfg = load_config(None, ["privacy.mode=registered_for_a_test"])
+        assert mode_class(cfg.privacy.mode) is Registered and Registered.contract() == "none"
+        clash = type("Clash", (NoPrivacy,), {"name": "sample", "serves_as": "none"})
+        with pytest.raises(ValueError, match="registered already"):
+            register_mode(clash)
+        with pytest.raises(ValueError, match="serves_as must name a built-in mode"):
+            register_mode(type("Loose", (NoPrivacy,), {"name": "loose", "serves_as": "x"}))
+        with pytest.raises(TypeError):
+            register_mode(int)
+    finally:
+        MODES.pop("registered_for_a_test")
+        PRIVACY_MODES.remove("registered_for_a_test")
+    with pytest.raises(ConfigError, match="privacy.mode: os:path is not a PrivacyMode"):
+        mode_class("os:path")

@@ -51,7 +51,7 @@ SELECTED = ExtraField(bool, (True,), asked_by="select")
 
 
 def _event_of(mechanism: str, params: Mapping[str, Any]) -> Any:
-    """The DpEvent a release's parameters determine (None: not a mechanism with one)."""
+    """The DpEvent a built-in release's parameters determine (None: not a mechanism with one)."""
     from raysim import privacy as privacy_lib
     from raysim.privacy.distributed import local_gaussian_event
 
@@ -97,6 +97,9 @@ class PrivacyMode:
     """``none``: nothing is private; the server sees everything. Subclasses narrow it."""
 
     name: ClassVar[str] = "none"
+    # the built-in mode whose contract with algorithms this one keeps (None: its own name, for
+    # the built-in modes): the algorithms that declare that mode in privacy_modes run under it
+    serves_as: ClassVar[str | None] = None
     trusted_server: ClassVar[bool] = True
     private: ClassVar[bool] = False
     # whether the run is (eps, delta)-DP and its ledger's epsilon means something (none: no DP;
@@ -110,6 +113,11 @@ class PrivacyMode:
     # the only ``extra`` fields that cross to the server, and how many of them at most
     extra_fields: ClassVar[Mapping[str, ExtraField]] = {"selected": SELECTED}
     max_extra: ClassVar[int] = 1
+
+    @classmethod
+    def contract(cls) -> str:
+        """The mode name algorithms declare to run under this one (``serves_as``)."""
+        return cls.serves_as or cls.name
 
     def __init__(self, cfg: ExperimentConfig, train_sizes: np.ndarray, needs: PrivacyNeeds):
         self.cfg, self.privacy = cfg, cfg.privacy
@@ -207,7 +215,12 @@ class PrivacyMode:
     ) -> None:
         """What every mode that hands the server messages checks: each release is one of the
         mode's mechanisms with its cost attached, the cluster is an index of the round's
-        models, the size is the client's own and ``extra`` holds only declared fields."""
+        models, the size is the client's own and ``extra`` holds only declared fields. Where
+        the mode declares release mechanisms, an update crosses only as one of them."""
+        u = report.update
+        if self.release_mechanisms and u is not None and not isinstance(u, Released):
+            allowed = ", ".join(self.release_mechanisms)
+            refuse(algorithm, "update", f"mode {self.name} sends updates only as {allowed}")
         for name, rel in released_fields(report):
             why = self.release_problem(rel)
             if why is not None:
@@ -236,12 +249,20 @@ class PrivacyMode:
             return self.leakage_problem(rel)
         if rel.event is None:
             return f"a {rel.mechanism} release carries no event: it would cross uncharged"
-        names = EVENT_PARAMS.get(rel.mechanism, ())
+        names = self.event_params.get(rel.mechanism, ())
         if not all(isinstance(rel.params.get(k), Real) for k in names):
             return f"a {rel.mechanism} release must give {', '.join(names)} as numbers"
-        if repr(rel.event) != repr(_event_of(rel.mechanism, rel.params)):
+        if repr(rel.event) != repr(self.expected_event(rel.mechanism, rel.params)):
             return f"its event is not the one its parameters {rel.params} determine"
         return None
+
+    # the numeric parameters each mechanism's event is built from (``expected_event``)
+    event_params: ClassVar[Mapping[str, tuple[str, ...]]] = EVENT_PARAMS
+
+    def expected_event(self, mechanism: str, params: Mapping[str, Any]) -> Any:
+        """The DpEvent a release of ``mechanism`` with ``params`` must carry: a mode with
+        mechanisms of its own says theirs (and their ``event_params``)."""
+        return _event_of(mechanism, params)
 
     def leakage_problem(self, rel: Released) -> str | None:
         """Why a metric release's leakage record is not what it costs (``dprivacy``)."""
