@@ -116,16 +116,8 @@ def run_inline(
     untrusted) keeps the clients in a child process, as a Ray run keeps them on actors."""
     import torch
 
-    from raysim.runtime.checkpoint import (
-        checkpoint_due,
-        clients_seed_of,
-        join_checkpoint,
-        kept_apart,
-        save_checkpoint,
-        split_checkpoint,
-        write_partial_metrics,
-    )
-    from raysim.runtime.client_side import add_judged, read_snapshot
+    from raysim.runtime.checkpoint import clients_seed_of, kept_apart
+    from raysim.runtime.driver import Progress, StatesHere, drive
 
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
@@ -139,33 +131,19 @@ def run_inline(
         prep.client_seed = clients_seed_of(resume, cfg.seed)
     try:
         loop = inline_loop(prep, device, apart)
-        done = 0
-        if resume is not None:  # a Ray run's too, whose clients' states were kept apart
-            loop_blob, clients_blob, _ = split_checkpoint(resume)
-            done = loop.restore(loop_blob)[0]
-            if loop.clients is not None:
-                add_judged(loop.history, loop.clients.restore(clients_blob, done))
-            elif clients_blob is not None:
-                loop.client_states.update(read_snapshot(clients_blob).states)
-        while done < cfg.rounds:
-            row = loop.step()
-            done += 1
-            if loop.clients is not None and cfg.evaluated_after(done):  # judged apart
-                row.update(loop.clients.judge(done))
-            last = done == cfg.rounds or bool(row.get("early_stopped"))
-            if out_dir is not None:
-                if checkpoint_due(cfg.runtime.checkpoint_every, done, last):
-                    states = None  # the clients' part (states), with their seed
-                    if prep.client_seed is not None and loop.clients:
-                        states = loop.clients.snapshot(done)
-                    config = dump_config(prep.recorded_config())
-                    blob = join_checkpoint(loop.snapshot(), states, prep.client_seed, done, config)
-                    save_checkpoint(out_dir, blob)
-                write_partial_metrics(out_dir, loop.history)
-            if on_round:
-                on_round(row)
-            if last:
-                break
+        clients = loop.clients if loop.clients is not None else StatesHere(loop)
+        config = dump_config(prep.recorded_config())
+        drive(
+            loop,
+            clients,
+            cfg,
+            Progress(resume),
+            config,
+            prep.client_seed,
+            out_dir,
+            on_round,
+            checkpoints=out_dir is not None,  # nothing to keep one for: none is taken
+        )
         evaluations = loop.clients.evaluations() if loop.clients is not None else None
     finally:
         torch.set_num_threads(threads)

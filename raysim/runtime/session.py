@@ -24,21 +24,17 @@ from raysim.metrics.evaluation import Judge
 from raysim.rundir import handlers_kept
 from raysim.runtime import reuse
 from raysim.runtime.checkpoint import (
-    checkpoint_due,
     clients_seed_of,
-    join_checkpoint,
     kept_apart,
-    save_checkpoint,
-    split_checkpoint,
-    write_partial_metrics,
 )
-from raysim.runtime.client_side import ClientSide, OnRay, add_judged, client_key
+from raysim.runtime.client_side import ClientSide, OnRay, client_key
 from raysim.runtime.coordinator import (
     Coordinator,
     trains_in_coordinator,
     worker_args,
     worker_options,
 )
+from raysim.runtime.driver import Progress, drive
 from raysim.runtime.local_ray import start_local_ray
 from raysim.runtime.resources import check_cluster
 from raysim.runtime.worker import ClientWorker
@@ -132,6 +128,7 @@ class ClientsApart:
         assert prep.client_seed is not None, "prepared without the clients' seed"
         self.key, self.seed = client_key(), prep.client_seed
         rt = prep.cfg.runtime
+        self.timeout = rt.round_timeout_s
         args = (
             worker_options(rt, gpus),
             worker_args(prep.cfg, prep.algorithm, data_ref, gpus, prep.spec, self.seed, prep.mode),
@@ -145,12 +142,13 @@ class ClientsApart:
         judge = Judge(np.asarray(prep.truth), prep.cfg.training.early_stop_patience)
         self.actor = side.remote(self.key, *args, snapshots, self.seed, secure, judge)
 
-    def restore(self, blob: bytes | None, round: int, timeout: float) -> dict[int, dict]:
+    def restore(self, blob: bytes | None, round: int) -> dict[int, dict]:
         """Back to a checkpoint's states and judge; the metrics judged up to ``round``."""
-        return ray.get(self.actor.restore.remote(self.key, blob, round), timeout=timeout)
+        ref = self.actor.restore.remote(self.key, blob, round)
+        return ray.get(ref, timeout=self.timeout)
 
-    def judge(self, round: int, timeout: float) -> dict[str, Any]:
-        return ray.get(self.actor.judge.remote(self.key, round), timeout=timeout)
+    def judge(self, round: int) -> dict[str, Any]:
+        return ray.get(self.actor.judge.remote(self.key, round), timeout=self.timeout)
 
     def evaluations(self, timeout: float) -> list[Any]:
         return ray.get(self.actor.evaluations.remote(self.key), timeout=timeout)
@@ -169,6 +167,23 @@ class ClientsApart:
 
     def shutdown(self) -> None:
         ray.kill(self.actor)
+
+
+class OnCoordinator:
+    """The coordinator actor as the driver (``runtime.driver.drive``) calls a round loop: each
+    call a Ray ObjectRef, which the driver waits for."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def restore(self, blob: bytes) -> Any:
+        return self.actor.restore.remote(blob)
+
+    def step(self) -> Any:
+        return self.actor.step.remote()
+
+    def snapshot(self) -> Any:
+        return self.actor.snapshot.remote()
 
 
 def _coordinator_options(prep: Any, trains: bool) -> tuple[dict[str, Any], tuple[str, bool]]:
@@ -261,10 +276,8 @@ def run_session(
         if apart and resume is not None:  # the clients continue with their states and seed
             blob = kept_apart(resume, cfg.seed)
             prep.client_seed = clients_seed_of(blob, cfg.seed)
-        done, rows = 0, []
+        progress = Progress(blob)
         restarts = 0
-        # the coordinator's next round, asked for before this one's files are written
-        pending = None
         while True:
             try:
                 if coordinator is None:
@@ -287,60 +300,34 @@ def run_session(
                     workers = ray.get(coordinator.info.remote(), timeout=timeout)
                     reuse.drop_idle()  # kept actors this run has no use for free their CPUs
                     startup.setdefault("workers_ready", process_age())
-                    done, rows = 0, []
-                    loop_blob, clients_blob, _ = split_checkpoint(blob)
-                    if loop_blob is not None:
-                        ref = coordinator.restore.remote(loop_blob)
-                        done, rows = ray.get(ref, timeout=timeout)
-                    if clients is not None:
-                        judged = clients.restore(clients_blob, done, timeout)
-                        add_judged(rows, judged)
-                    pending = None
-                if done >= cfg.rounds:
-                    break
-                if pending is None:
-                    pending = coordinator.step.remote()
                     startup.setdefault("first_round", process_age())
-                row = ray.get(pending, timeout=timeout)
-                pending = None
-                done += 1
-                if clients is not None and cfg.evaluated_after(done):  # judged apart
-                    row.update(clients.judge(done, timeout))
-                rows.append(row)
-                every, last = rt.checkpoint_every, done == cfg.rounds or row.get("early_stopped")
-                snap = coordinator.snapshot.remote() if checkpoint_due(every, done, last) else None
-                # the clients' states as after this round, whenever the actor gets the call
-                client_snap = clients.snapshot(done) if snap is not None and clients else None
-                if not last:  # the next round starts now; the actor runs the snapshot first
-                    pending = coordinator.step.remote()
-                # the checkpoint changes with both its parts or not at all: a clients' side
-                # lost between them must not leave one without the clients' states and scores
-                if client_snap is not None and clients is not None:
-                    loop_part, clients_part = ray.get([snap, client_snap], timeout=timeout)
-                    blob = join_checkpoint(loop_part, clients_part, clients.seed, done, config)
-                elif snap is not None:
-                    blob = join_checkpoint(ray.get(snap, timeout=timeout), None, None, done, config)
-            except RayActorError as exc:
+                # the next round asked for before this one's files are written: the workers do
+                # not wait for the driver's disk (the actor runs the snapshot first)
+                drive(
+                    OnCoordinator(coordinator),
+                    clients,
+                    cfg,
+                    progress,
+                    config,
+                    prep.client_seed,
+                    out_dir,
+                    on_round,
+                    resolve=lambda ref: ray.get(ref, timeout=timeout),
+                    ahead=True,
+                )
+                break
+            except RayActorError as exc:  # back to the last checkpoint, kept in progress.blob
                 restarts += 1
                 if restarts > rt.max_coordinator_restarts:
                     raise
-                log.warning("an actor lost after round %d (%s): restarting", done, exc)
+                log.warning("an actor lost after round %d (%s): restarting", progress.done, exc)
                 if coordinator is not None:  # where the clients' side went, it lives on
                     ray.kill(coordinator)
                 coordinator = None
-                continue
-            # written while the next round runs: the workers do not wait for the driver's files
-            if snap is not None and out_dir is not None:
-                save_checkpoint(out_dir, blob)
-            if out_dir is not None:
-                write_partial_metrics(out_dir, rows)
-            if on_round:
-                on_round(row)
-            if last:
-                break
         results = ray.get(coordinator.results.remote(), timeout=timeout)
         if clients is not None:  # the rows with the metrics judged apart, and the scores
-            results["history"], results["eval"] = rows, clients.evaluations(timeout)
+            results["history"] = progress.rows
+            results["eval"] = clients.evaluations(timeout)
         clean = not restarts and not results["workers_replaced"]
         if clean and _park(prep, coordinator, early_workers, gpus, trains):
             coordinator, early_workers = None, []  # kept for the command's next run
