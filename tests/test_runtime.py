@@ -88,7 +88,8 @@ def test_fractional_gpus_four_placed_fifth_waits():
         workers = [actor.remote(None, ds, spec, 0, 1, 0.25) for _ in range(5)]
         refs = [w.info.remote() for w in workers]
         ready, pending = ray.wait(refs, num_returns=4, timeout=120)
-        more, pending = ray.wait(pending, num_returns=1, timeout=5)  # the fifth must not start
+        # the fifth must not start: the four that did were placed within seconds
+        more, pending = ray.wait(pending, num_returns=1, timeout=2)
         infos = ray.get(ready, timeout=30)
         print("READY", len(ready) + len(more), "PENDING", len(pending))
         print("DEVICES", sorted({i["device"] for i in infos}))

@@ -233,6 +233,7 @@ def test_a_two_trial_sweep_is_read_back_from_tensorboard(ray_session, tmp_path, 
         _assert_same({k: logged[k] for k in want}, want)
 
 
+@pytest.mark.slow  # a sweep's tracking is read back from tensorboard above; mlflow: compare, resume
 def test_a_two_trial_sweep_is_read_back_from_mlflow(ray_session, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)

@@ -32,7 +32,8 @@ def _run(tmp_path, name, **overrides):
     ("algorithm", "mode", "group"),
     [
         ("fedavg", "sample", 3),  # groups of 3, 3, 2 clients: padding and a short group
-        ("local", "none", 3),
+        # local under none: worker-count invariance is test_runtime's too (run with -m slow)
+        pytest.param("local", "none", 3, marks=pytest.mark.slow),
         ("ifca", "sample", 3),
         ("fedavg", "sample", 1),  # groups of one: DP-SGD's per-sample gradients by layer rules
     ],

@@ -352,6 +352,7 @@ def _cli_sweep(tmp_path: Path, name: str, *sets: str):
     ), parents
 
 
+@pytest.mark.slow  # 30 s; forked workers' bits are checked per run above, in the default suite
 def test_a_sweep_gives_the_same_bits_with_forked_trials(tmp_path) -> None:
     """`raysim sweep` forks the zygote from its driver, and Tune's trial actors (whose runtime
     environment sets variables) start from it, not from the raylet."""
