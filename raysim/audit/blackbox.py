@@ -155,9 +155,15 @@ def final_scores(
             out = net(inputs)
             losses.append(torch.nn.functional.cross_entropy(out, target, reduction="none"))
     by_model = -torch.stack(losses).double().numpy() if losses else np.zeros((0, len(y)))
+    return on_judged_models(prep, plan, by_model, owner)
+
+
+def on_judged_models(prep: Any, plan: Any, by_model: np.ndarray, clients: np.ndarray) -> np.ndarray:
+    """Each canary's score on the model its client is judged on (``by_model``: models x
+    canaries; a client that picks its model: the best of the released models)."""
     tasks = {t.client_id: t for t in plan.tasks}
-    scores = np.empty(len(y))
-    for i, c in enumerate(owner):
+    scores = np.empty(len(clients))
+    for i, c in enumerate(clients):
         task = tasks.get(int(c))
         if task is None or task.cluster is None:
             raise ConfigError(

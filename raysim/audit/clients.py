@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raysim.audit.blackbox import CLAIM_NOTE, membership, on_judged_models, one_run_result
 from raysim.audit.canaries import directions
 from raysim.config import ConfigError
 from raysim.data.federated import FederatedDataset, make_table
@@ -188,17 +189,7 @@ def final_scores(
     ]
     norms = [max(float(np.linalg.norm(v)), 1e-300) for v in moves]
     cosines = np.stack([v @ u / n for v, n in zip(moves, norms, strict=True)])  # (models, m)
-    tasks = {t.client_id: t for t in final.tasks}
-    scores = np.empty(len(ids))
-    for i, c in enumerate(ids):
-        task = tasks.get(int(c))
-        if task is None or task.cluster is None:
-            raise ConfigError(
-                f"algorithm.name: {prep.cfg.algorithm.name} judges client {int(c)} on a personal "
-                "model the server never holds: the black-box audit sees released models only"
-            )
-        scores[i] = cosines[:, i].max() if task.extra.get("select") else cosines[task.cluster, i]
-    return scores
+    return on_judged_models(prep, final, cosines, ids)
 
 
 def canary_client_audit(
@@ -212,7 +203,6 @@ def canary_client_audit(
     """Train the configured experiment once with canary clients; returns (AuditResult, rows,
     prep). ``prepare(cfg, dataset)`` builds the algorithm on the population with every canary
     slot in, so the mode calibrates for N + m clients whichever canaries are in."""
-    from raysim.audit.blackbox import CLAIM_NOTE, membership, one_run_result
     from raysim.compare import inline_loop
     from raysim.experiment import build_dataset, initial_weights
 
