@@ -13,12 +13,12 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, ValidationError
 
-from raysim.aggregation import ServerOptimizer
 from raysim.config import ConfigError, ConfigModel, ExperimentConfig, format_validation_error
-from raysim.modes.base import PrivacyNeeds
-from raysim.modes.view import Reports
-from raysim.planning import dpsgd_round_phase
 from raysim.privacy import Phase
+from raysim.privacy.modes.base import PrivacyNeeds
+from raysim.privacy.modes.view import Reports
+from raysim.privacy.planning import dpsgd_round_phase
+from raysim.privacy.sampling import sample_cohort
 from raysim.protocol import (
     ClientContext,
     ClientReport,
@@ -28,7 +28,7 @@ from raysim.protocol import (
     RoundPlan,
     ServerResult,
 )
-from raysim.sampling import sample_cohort
+from raysim.server.aggregation import ServerOptimizer
 from raysim.training import TrainConfig
 
 
@@ -119,7 +119,7 @@ class Algorithm(ABC):
         rng: np.random.Generator,
     ) -> ServerResult:
         """``reports``: what the privacy mode lets the server see (its ``admit``): its
-        messages and the aggregations it releases (``raysim.modes.view``)."""
+        messages and the aggregations it releases (``raysim.privacy.modes.view``)."""
 
     # -- evaluation ----------------------------------------------------------------------------
     @abstractmethod
@@ -165,8 +165,8 @@ class Algorithm(ABC):
         return None
 
     def round_grouping(self, state: Any) -> Any:
-        """The last round's grouping of the cohort (``raysim.rebalancing.Grouping``: the ids the
-        server grouped by and the final groups), for the engine's diagnostics; None: none."""
+        """The last round's grouping of the cohort (``raysim.server.rebalancing.Grouping``: the ids
+        the server grouped by and the final groups), for the engine's diagnostics; None: none."""
         return None
 
     def choices(self, state: Any) -> np.ndarray | None:
@@ -189,8 +189,9 @@ class FederatedAlgorithm(Algorithm):
 
     def broadcast_width(self, round: int, dim: int) -> int:
         """The width of the models training round ``round`` broadcasts, for a client model of
-        ``dim`` weights: the clients take no other (``raysim.modes.device.check_broadcast``).
-        An algorithm whose rounds send something else says so here, from its plan alone."""
+        ``dim`` weights: the clients take no other
+        (``raysim.privacy.modes.device.check_broadcast``). An algorithm whose rounds send something
+        else says so here, from its plan alone."""
         return dim
 
     def may_select(self, round: int) -> bool:

@@ -31,11 +31,10 @@ import torch
 from pydantic import ConfigDict, Field
 
 from algorithms.base import Environment, FederatedAlgorithm, broadcast_model
-from raysim.clustering import cluster_sizes
 from raysim.config import ConfigModel
 from raysim.models import build_from_spec, flat_params, model_spec
-from raysim.modes.base import PrivacyNeeds
-from raysim.modes.view import Reports
+from raysim.privacy.modes.base import PrivacyNeeds
+from raysim.privacy.modes.view import Reports
 from raysim.protocol import (
     ClientContext,
     ClientReport,
@@ -43,6 +42,7 @@ from raysim.protocol import (
     EvalReport,
     RoundPlan,
 )
+from raysim.server.clustering import cluster_sizes
 
 
 class SelectionParams(ConfigModel):

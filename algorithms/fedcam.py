@@ -5,7 +5,7 @@ A sampled client picks the cluster with the lowest train loss of g + r_j (as IFC
 it; the server moves the global part by a share ``global_share`` of the noisy mean of every
 update and the cluster part by the rest of its group's noisy mean. Two sums leave the round, the
 global one (sensitivity 2*C_theta, replace-one, no rebalancing involved) and the k cluster sums
-(``raysim.rebalancing.sensitivity``): drawn with one multiplier z at the std of their joint
+(``raysim.server.rebalancing.sensitivity``): drawn with one multiplier z at the std of their joint
 sensitivity sqrt(s_g^2 + s_c^2), they are one Gaussian mechanism on the concatenation, so the
 accountant's single model Gaussian per round stays exact. This is the "larger privacy noise"
 of DP-FedCAM the paper reports (sec. 5.2). Used as ``algorithm.base=fedcam``; B = 0 is DP-FedCAM.
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.modes.view import Reports
+from raysim.privacy.modes.view import Reports
 
 
 def joint_sensitivity(global_sens: float, cluster_sens: float) -> float:

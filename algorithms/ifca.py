@@ -24,7 +24,7 @@ from algorithms.clustered import (
     SelectionParams,
     random_models,
 )
-from raysim.modes.base import PrivacyNeeds
+from raysim.privacy.modes.base import PrivacyNeeds
 from raysim.protocol import Message, RoundPlan, ServerResult
 
 

@@ -18,10 +18,9 @@ import torch
 from pydantic import ConfigDict, Field
 
 from algorithms.clustered import ClusteredAlgorithm, ClusterState
-from raysim.clustering import kmeans, match_labels, prepare_features
 from raysim.config import ConfigModel
-from raysim.planning import dpsgd_round_phase
 from raysim.privacy import Phase
+from raysim.privacy.planning import dpsgd_round_phase
 from raysim.protocol import (
     ClientContext,
     ClientReport,
@@ -30,6 +29,7 @@ from raysim.protocol import (
     RoundPlan,
     ServerResult,
 )
+from raysim.server.clustering import kmeans, match_labels, prepare_features
 
 
 class KMeansParams(ConfigModel):

@@ -19,7 +19,6 @@ from pydantic import ConfigDict, Field
 
 from algorithms.base import FederatedAlgorithm
 from algorithms.fedavg import GlobalState
-from raysim.aggregation import weighted_mean
 from raysim.config import ConfigModel
 from raysim.protocol import (
     ClientContext,
@@ -29,6 +28,7 @@ from raysim.protocol import (
     RoundPlan,
     ServerResult,
 )
+from raysim.server.aggregation import weighted_mean
 
 
 class MRMTLParams(ConfigModel):

@@ -27,7 +27,7 @@ starts at base + slot mean c.
 Stage 2, clustered training: each client evaluates the C cluster models on its training data,
 picks the lowest loss (hidden: it is only the slot of its contribution), trains, clips and
 contributes; cluster mean = slot sum / max(noisy count, 1); then the normality step
-(``raysim.normality``): a Shapiro-Wilk test of each cluster's noisy mean decides its weight
+(``raysim.server.normality``): a Shapiro-Wilk test of each cluster's noisy mean decides its weight
 (``gate``: not applied when indistinguishable from the DP noise; ``sw_weight``; ``off``). W_c,
 p_c and the weight are recorded per round. Post-processing: no privacy cost.
 
@@ -52,13 +52,11 @@ from pydantic import ConfigDict, Field, field_validator
 
 from algorithms.base import FederatedAlgorithm
 from algorithms.clustered import model_scores
-from raysim.clustering import kmeans
 from raysim.config import ConfigError, ConfigModel
-from raysim.modes import PrivacyNeeds
-from raysim.modes.view import Reports
-from raysim.normality import normality_weight
 from raysim.privacy import SKETCH_DIM
 from raysim.privacy.mechanisms import sketch_projection
+from raysim.privacy.modes import PrivacyNeeds
+from raysim.privacy.modes.view import Reports
 from raysim.protocol import (
     ClientContext,
     ClientReport,
@@ -68,6 +66,8 @@ from raysim.protocol import (
     ServerResult,
 )
 from raysim.seeding import SERVER, numpy_rng, public_seed
+from raysim.server.clustering import kmeans
+from raysim.server.normality import normality_weight
 
 Phase = Literal["sketch", "lloyd", "init", "train"]
 

@@ -3,7 +3,7 @@ sample-level DP clustered FL in three stages.
 
 1. Round 1: every client runs DP-SGD from the initial model with a full batch (b1 = N_i, one
    step per local epoch; the trainer accumulates physical chunks so memory stays bounded). The
-   server fits a spherical GMM on these updates (raysim.clustering), reads its confidence MSS
+   server fits a spherical GMM on these updates (raysim.server.clustering), reads its confidence MSS
    and uncertainty MPO = 2Q(MSS), sets E_c = floor((1 - MPO) E / 2) and, when
    ``algorithm.num_clusters`` is not given, M = argmax MSS over ``num_clusters_candidates``.
    M is chosen on the updates' signal directions (``select_projection="pca"``), the clients
@@ -39,7 +39,11 @@ import numpy as np
 from pydantic import Field
 
 from algorithms.clustered import ClusteredAlgorithm, ClusterState, SelectionParams
-from raysim.clustering import (
+from raysim.config import ConfigError
+from raysim.privacy import Phase
+from raysim.privacy.planning import dpsgd_round_phase
+from raysim.protocol import Message, RoundPlan, ServerResult
+from raysim.server.clustering import (
     candidate_range,
     fit_gmm,
     prepare_features,
@@ -47,15 +51,11 @@ from raysim.clustering import (
     select_num_clusters,
     switch_round,
 )
-from raysim.config import ConfigError
-from raysim.planning import dpsgd_round_phase
-from raysim.privacy import Phase
-from raysim.protocol import Message, RoundPlan, ServerResult
 
 
 class RDPCFLParams(SelectionParams):
     num_clusters_candidates: list[int] = Field(default_factory=lambda: list(range(2, 9)))
-    # Optional projection of the updates before the GMM (raysim.clustering.prepare_features):
+    # Optional projection of the updates before the GMM (raysim.server.clustering.prepare_features):
     # "none" is the paper; "pca" with pca_components "auto" keeps the signal directions only.
     projection: Literal["none", "pca"] = "none"
     # The projection of the candidate fits that choose M (see the module docstring).

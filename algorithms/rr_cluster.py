@@ -6,7 +6,7 @@ One round (trusted server, client-level central DP, fixed-size cohort of q*M cli
 the base decides each sampled client's cluster on the client (IFCA: lowest train loss; FeSEM:
 nearest centre to the local model), the server privatizes the one-hot identifiers (Algorithm 2
 line 8, ``privatize_onehot``), groups the updates by the noisy argmax, rebalances the groups so
-that each holds at least B updates (``raysim.rebalancing``), and moves every cluster model by
+that each holds at least B updates (``raysim.server.rebalancing``), and moves every cluster model by
 its clipped, noised sum over |S_j|. B = 0 is the base algorithm directly privatized (the paper's
 DP-IFCA / DP-FeSEM baselines); ``small_clusters="global"`` is the GMFSC baseline of appendix
 E.4 (no rebalancing; a cluster with fewer than B updates takes the global model).
@@ -15,14 +15,14 @@ Identifiers (``algorithm.identifiers``), client-level DP:
 - ``private`` (default, Theorem 1): the server privatizes the one-hot ids (Gaussian, charged
   with the model sums), groups by the noisy argmax and rebalances on it. Model-sum sensitivity
   2*C_theta under replace-one whatever B: the model release is conditioned on the released noisy
-  ids (``raysim.rebalancing``, point 1).
+  ids (``raysim.server.rebalancing``, point 1).
 - ``unaccounted``: ids at a given noise-to-signal ``id_noise_to_signal`` (0: exact) that the
   ledger does NOT charge; eps covers the model updates only (conditionally on the ids, 2*C),
   and every summary says "cluster identifiers not private". What the paper's Table 4 implies.
 - ``histogram``: ids stay exact; the server releases one noisy count per cluster (charged like
   the ids), groups and rebalances on the exact ids, and divides each noisy sum by the size
   predicted from the noisy counts. The rebalancing then depends on one client's exact id, so
-  the model sums take the exact-id coupling sensitivity (``raysim.rebalancing``, point 2).
+  the model sums take the exact-id coupling sensitivity (``raysim.server.rebalancing``, point 2).
 
 Privacy decisions:
 - Only fixed-size cohorts without replacement are allowed in client mode. The identifiers are
@@ -55,9 +55,9 @@ from algorithms.fesem import fesem_step
 from algorithms.ifca import IFCA, IFCAParams
 from raysim import privacy as privacy_lib
 from raysim.config import ConfigError
-from raysim.modes.base import PrivacyNeeds
-from raysim.modes.view import Reports
 from raysim.privacy.identifiers import keep_probability, noise_to_signal
+from raysim.privacy.modes.base import PrivacyNeeds
+from raysim.privacy.modes.view import Reports
 from raysim.protocol import (
     ClientContext,
     ClientReport,
@@ -65,7 +65,13 @@ from raysim.protocol import (
     RoundPlan,
     ServerResult,
 )
-from raysim.rebalancing import Grouping, SensitivityRule, expected_sizes, rebalance, sensitivity
+from raysim.server.rebalancing import (
+    Grouping,
+    SensitivityRule,
+    expected_sizes,
+    rebalance,
+    sensitivity,
+)
 
 Identifiers = Literal["private", "unaccounted", "histogram"]
 # The paper's 2*C_theta with rebalancing on exact identifiers: a reproduction, labelled as one

@@ -231,7 +231,7 @@ def engine_rep(args: argparse.Namespace, tmp: Path, rep: int) -> dict:
     for path in (out, out.with_name(out.name + ".incomplete")):
         shutil.rmtree(path, ignore_errors=True)
     sets = [x for s in workload(args) for x in ("--set", s)]
-    cmd = [sys.executable, "-m", "raysim.cli", "run", str(CONFIG), "--out", str(out), *sets]
+    cmd = [sys.executable, "-m", "raysim.cli.main", "run", str(CONFIG), "--out", str(out), *sets]
     # metrics.parquet appears in the staging directory (OUT.incomplete) as round 1 ends; OUT
     # itself only when the run is over
     res = run_child(cmd, poll=[out.with_name(out.name + ".incomplete") / "metrics.parquet"])
@@ -332,7 +332,7 @@ def loop_child(args: argparse.Namespace) -> None:
     from raysim.config import load_config
     from raysim.data import build_federated_dataset
     from raysim.models import build_model, flat_params
-    from raysim.sampling import sample_cohort
+    from raysim.privacy.sampling import sample_cohort
     from raysim.seeding import SERVER, numpy_rng, torch_generator
     from raysim.training import LocalTrainer, TrainConfig
 

@@ -1,5 +1,5 @@
 """`python -m raysim`: the `raysim` command."""
 
-from raysim.cli import entry
+from raysim.cli.main import entry
 
 entry()

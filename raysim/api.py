@@ -123,7 +123,7 @@ def load(path: str | Path) -> Run:
     """The finished run in ``path``."""
     run_dir = Path(path)
     if not (run_dir / "summary.json").is_file():
-        from raysim import rundir
+        from raysim.state import rundir
 
         state = rundir.unfinished(run_dir)
         why = state.describe() if state is not None else "no summary.json in it"
@@ -133,7 +133,7 @@ def load(path: str | Path) -> Run:
 
 def runs(path: str | Path) -> list[Run]:
     """Every finished run at or under ``path`` (a run, a compare's or a sweep's directory)."""
-    from raysim import rundir
+    from raysim.state import rundir
 
     root = Path(path)
     if not root.exists():
@@ -169,7 +169,7 @@ def run(
     runs by algorithm name. ``config`` None is the demo (its three algorithms unless
     ``algorithms`` or an ``algorithm.name`` override says otherwise); ``overrides`` maps dotted
     keys to Python values (``{"data.cluster_sizes": [3, 6, 6, 6]}``)."""
-    from raysim.cli import parser, run_experiments
+    from raysim.cli.main import parser, run_experiments
 
     with _config_file(config) as path:
         argv = ["run", *path, *_set_flags(overrides)]
@@ -198,7 +198,7 @@ def compare(
     """``raysim compare CONFIG --algorithms ... --seeds ...``: the finished runs by (algorithm,
     seed), also in ``out`` with their table (``compare.md``). Where a run fails, RuntimeError
     names the directory, after the other runs have finished."""
-    from raysim.compare import compare_main
+    from raysim.cli.compare import compare_main
     from raysim.config import DEMO_CONFIG, load_config
 
     with _config_file(config) as path:
@@ -229,7 +229,7 @@ def sweep(
     """``raysim sweep SWEEP.yaml``: ``spec`` is a sweep file's path or its mapping (``base``
     may then be a path, a dict of sections or an ExperimentConfig); ``overrides`` apply to the
     base. RuntimeError, naming ``out``, where a trial failed or the sweep was interrupted."""
-    from raysim.cli import parser
+    from raysim.cli.main import parser
 
     with _sweep_file(spec) as (path, name):
         if out is None:
@@ -260,7 +260,7 @@ def audit(
 ) -> AuditResult:
     """``raysim audit CONFIG``: the configured mode's release path audited with canaries; the
     flags left None keep the command's defaults (``runs=1``: the one-run audit)."""
-    from raysim.cli import parser
+    from raysim.cli.main import parser
 
     with _config_file(config) as path:
         if not path:
@@ -281,14 +281,13 @@ def audit(
 def privacy(config: Config = None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``raysim privacy CONFIG --json``: the calibrated noise and the planned eps, per round
     too, without training (the noise is calibrated as a run would before it starts)."""
-    from raysim.cli import _prepare
-    from raysim.compare import for_algorithm
+    from raysim.compose import for_algorithm, prepare_named
     from raysim.config import DEMO_CONFIG, load_config
-    from raysim.privacy_report import privacy_report
+    from raysim.privacy.report import privacy_report
 
     with _config_file(config) as path:
         cfg = load_config(path[0] if path else DEMO_CONFIG, _overrides(overrides))
-    return privacy_report(_prepare(for_algorithm(cfg, quiet=True)), schedule=True)
+    return privacy_report(prepare_named(for_algorithm(cfg, quiet=True)), schedule=True)
 
 
 @contextmanager

@@ -244,7 +244,7 @@ class ClientContext:
     trainer: Any  # training.LocalTrainer, resident in the worker
     dataset: Any  # the client's own rows (OwnRows over the zero-copy FederatedDataset)
     models: Sequence[torch.Tensor]
-    # the client's side of the privacy mode (``raysim.modes.releaser``), given by the engine
+    # the client's side of the privacy mode (``raysim.privacy.modes.releaser``), given by the engine
     release: Any = None
 
     def __post_init__(self) -> None:

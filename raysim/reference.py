@@ -33,7 +33,7 @@ def _subcommands(parser: argparse.ArgumentParser, prefix: str) -> Iterator[tuple
 
 
 def cli_page() -> str:
-    from raysim.cli import full_parser
+    from raysim.cli.main import full_parser
 
     old = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = WIDTH

@@ -26,11 +26,12 @@ from pathlib import Path
 import numpy as np
 
 from algorithms import Environment, get_algorithm
-from raysim.compare import for_algorithm, inline_loop
+from raysim.compose import for_algorithm
 from raysim.config import load_config, with_client_seed
 from raysim.data.synthetic import make_synthetic_linear
-from raysim.experiment import prepare
+from raysim.engine.experiment import prepare
 from raysim.metrics.leakage import plot_max_leakage
+from raysim.runtime.inline import inline_loop
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "galli_synthetic.yaml"
 OPTIMA = np.array([[5.0, 6.0], [4.0, -4.5]])

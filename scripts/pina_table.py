@@ -36,7 +36,7 @@ def job(config: str, eps: str, algorithm: str, seed: str, sets: list[str], out: 
     run = out / f"eps{eps}" / algorithm / f"seed{seed}"
     if (run / "summary.json").exists():
         return f"kept {run}"
-    cmd = [sys.executable, "-m", "raysim.cli", "compare", config, "--inline"]
+    cmd = [sys.executable, "-m", "raysim.cli.main", "compare", config, "--inline"]
     cmd += ["--algorithms", algorithm, "--seeds", seed, "--out", str(out / f"eps{eps}")]
     # the clients' draws from the run's seed, so that the table reproduces from its seeds alone
     # (a reproduction convenience: a server that knows the seed could redraw the noise; no
@@ -54,7 +54,7 @@ def job(config: str, eps: str, algorithm: str, seed: str, sets: list[str], out: 
 
 
 def margin_lines(out: Path, eps_list: list[str]) -> list[str]:
-    from raysim.compare import collect
+    from raysim.cli.compare import collect
 
     lines, margins = [], []
     for eps in eps_list:
@@ -79,7 +79,7 @@ def margin_lines(out: Path, eps_list: list[str]) -> list[str]:
 
 
 def write_table(out: Path, eps_list: list[str], algorithms: list[str], config: str) -> str:
-    from raysim.compare import collect, table
+    from raysim.cli.compare import collect, table
 
     parts = [f"# PINA vs baselines ({config}, distributed DP)", ""]
     for eps in eps_list:

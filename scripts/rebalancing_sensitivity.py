@@ -3,8 +3,8 @@
     python scripts/rebalancing_sensitivity.py [--samples N] [--seed S]
 
 For small adjacent cohorts (add/remove one client, and replace one client in a fixed cohort)
-this enumerates, per key order of ``raysim.rebalancing`` (keys shared between the two worlds),
-every bijection of moved updates into deficit slots in both worlds (each world uniform over
+this enumerates, per key order of ``raysim.server.rebalancing`` (keys shared between the two
+worlds), every bijection of moved updates into deficit slots in both worlds (each world uniform over
 them), and finds the BEST coupling of the two uniform distributions: the smallest D such that a
 transport plan exists whose every coupled pair of outcomes has its k sums within D (a max-flow
 feasibility test, scipy). Updates are adversarial, norm <= C = 1:
@@ -25,7 +25,7 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_flow
 
-from raysim.rebalancing import deficit_slots, select_moves
+from raysim.server.rebalancing import deficit_slots, select_moves
 
 
 def outcomes(ids: np.ndarray, k: int, B: int, keys: np.ndarray) -> list[np.ndarray]:

@@ -5,7 +5,7 @@
         [--modes private,histogram,unaccounted] [--set KEY=VALUE ...] [--report-only]
 
 Each run is ``configs/rr_fmnist_{setup}.yaml`` (FMNIST rotation, 1000 clients, q = 0.1 without
-replacement, k = 4, client-level DP) with the grid's overrides, run by ``raysim.compare
+replacement, k = 4, client-level DP) with the grid's overrides, run by ``raysim.cli.compare
 .run_inline`` (the engine's round loop without Ray, on the CPU, one torch thread) in a pool of
 ``--jobs`` processes, and written as a usual result directory OUT/TAG/seedS (a finished run is
 skipped, so the script resumes). The table (OUT/table.md, table.json) gives, per setup, eps,
@@ -60,10 +60,10 @@ def one_run(setup: str, sets: list[str], run_dir: str) -> tuple[str, float, floa
 
     torch.set_num_threads(1)
     from algorithms import Environment, get_algorithm
-    from raysim.compare import run_inline
     from raysim.config import load_config
-    from raysim.experiment import prepare
+    from raysim.engine.experiment import prepare
     from raysim.metrics.results import write_results
+    from raysim.runtime.inline import run_inline
 
     t0, c0 = time.perf_counter(), time.process_time()
     cfg = load_config(ROOT / "configs" / f"rr_fmnist_{setup}.yaml", sets)

@@ -69,9 +69,10 @@ def inline_run(out, settings: dict, die_after: int | None = None, resume: bytes 
     import pyarrow.parquet as pq
 
     from algorithms import Environment, get_algorithm
-    from raysim.compare import run_inline
     from raysim.config import load_config
-    from raysim.experiment import prepare, run_prepared
+    from raysim.engine.experiment import prepare
+    from raysim.runtime.inline import run_inline
+    from raysim.runtime.run import run_prepared
 
     cfg = load_config(None, small_config(**settings))
     prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
@@ -90,7 +91,7 @@ _MODES: dict[int, Any] = {}
 def mode_of(algo: Any) -> Any:
     """The engine's privacy mode for an algorithm a test built by hand (as ``prepare`` builds
     it: from the algorithm's needs), one per algorithm object so that a test's patch holds."""
-    from raysim.modes import make_mode
+    from raysim.privacy.modes import make_mode
 
     key = id(algo)
     if key not in _MODES or _MODES[key][0] is not algo:
@@ -111,6 +112,6 @@ def summary_of(algo: Any) -> dict[str, Any]:
 
 def releaser_of(algo: Any) -> Any:
     """The clients' side of the algorithm's mode, for a ClientContext a test builds by hand."""
-    from raysim.modes.releaser import Releaser
+    from raysim.privacy.modes.releaser import Releaser
 
     return Releaser(mode_of(algo))

@@ -28,7 +28,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from algorithms import Environment, get_algorithm  # noqa: E402
 from raysim.config import load_config  # noqa: E402
-from raysim.experiment import prepare, run_prepared  # noqa: E402
+from raysim.engine.experiment import prepare  # noqa: E402
+from raysim.runtime.run import run_prepared  # noqa: E402
 
 FAULT_DELAY_S = 0.25  # after round 1 is reported (while round 2 runs): inside round 2 or 3
 

@@ -16,13 +16,13 @@ import torch
 from conftest import inline_run
 
 from raysim import privacy as privacy_lib
-from raysim.cli import main
+from raysim.cli.main import main
 from raysim.config import load_config
-from raysim.modes import PrivacyNeeds, TrustBoundaryError, make_mode
-from raysim.planning import CentralPlan
 from raysim.privacy.events import dp_event
-from raysim.rundir import staging_dir
-from raysim.runtime.checkpoint import load_checkpoint
+from raysim.privacy.modes import PrivacyNeeds, TrustBoundaryError, make_mode
+from raysim.privacy.planning import CentralPlan
+from raysim.state.checkpoint import load_checkpoint
+from raysim.state.rundir import staging_dir
 
 ROUNDS, Q, N = 30, 0.1, 1000
 
@@ -213,8 +213,8 @@ DISTRIBUTED = {
 def test_a_secure_sum_carries_the_clip_bits_at_the_noise_the_closed_form_gives():
     """Per slot, 2 members under the clip and 1 over: the centred bits sum to 1/2, noised at
     std / (BIT_WEIGHT * clip) in members; the contribution's norm bound grows by the bit."""
-    from raysim.modes.secure import BIT_WEIGHT, COUNT_WEIGHT, SecureAggregator
-    from raysim.modes.secure import contribution_sensitivity as sens
+    from raysim.privacy.modes.secure import BIT_WEIGHT, COUNT_WEIGHT, SecureAggregator
+    from raysim.privacy.modes.secure import contribution_sensitivity as sens
     from raysim.protocol import SecureContribution
 
     slots, clip, std = 4000, 2.0, 0.3
@@ -241,7 +241,7 @@ def test_a_secure_sum_carries_the_clip_bits_at_the_noise_the_closed_form_gives()
 def test_the_clients_side_takes_the_servers_clip_with_the_noise_scaled_to_it():
     """The round's clip is the server's choice: the clients' side sums at it, but with its own
     noise-to-clip ratio (a larger clip gets proportionally more noise, never less)."""
-    from raysim.modes.secure import SecureAggregator
+    from raysim.privacy.modes.secure import SecureAggregator
     from raysim.protocol import SecureContribution
     from raysim.runtime.client_side import ClientSide
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from raysim.aggregation import weighted_mean
+from raysim.server.aggregation import weighted_mean
 
 
 def test_weighted_mean_matches_numpy_and_leaves_its_inputs_alone() -> None:

@@ -91,7 +91,7 @@ def test_compare_takes_a_dict_and_returns_each_run_by_algorithm_and_seed(tmp_pat
 
 
 def test_privacy_is_the_commands_report_for_a_config_object(capsys):
-    from raysim.cli import main
+    from raysim.cli.main import main
     from raysim.config import DEMO_CONFIG, load_config
 
     sets = {"privacy.epsilon": 2, "algorithm.name": "fedavg"}

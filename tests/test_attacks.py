@@ -24,7 +24,7 @@ from raysim.attacks import (
 )
 from raysim.attacks.harness import Job, run_job
 from raysim.attacks.metrics import ssim_torch
-from raysim.cli import main
+from raysim.cli.main import main
 from raysim.data import sources
 from raysim.data.sources import find_idx_files
 

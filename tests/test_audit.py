@@ -10,20 +10,20 @@ import pytest
 
 from raysim.audit import canaries as canaries_mod
 from raysim.audit.run import audit
-from raysim.cli import main
-from raysim.compare import for_algorithm
+from raysim.cli.main import main
+from raysim.compose import for_algorithm
 from raysim.config import load_config
-from raysim.modes import client as client_mode
-from raysim.modes.distributed import Distributed
+from raysim.privacy.modes import client as client_mode
+from raysim.privacy.modes.distributed import Distributed
 from raysim.protocol import Message
 
 CONFIG = "configs/audit_digits.yaml"
 
 
 def prepared(*sets: str):
-    from raysim.cli import _prepare
+    from raysim.compose import prepare_named
 
-    return _prepare(for_algorithm(load_config(CONFIG, list(sets))))
+    return prepare_named(for_algorithm(load_config(CONFIG, list(sets))))
 
 
 MODE_SETS = {
@@ -142,7 +142,7 @@ def test_cli_refuses_bad_input(argv, field, tmp_path, capsys):
 def test_full_table_and_tightness():
     """The docs' table (every mode, eps 2 and 8) holds; client mode, one round, q = 1, eps 2 at
     delta 1e-5: a million releases audit it at eps >= 1.0 (about two minutes on 2 cores)."""
-    from raysim.audit.table import full_table
+    from raysim.cli.audit_table import full_table
 
     for r in full_table(runs=20_000):
         assert r.lower_bound <= r.claimed_epsilon, r.line()

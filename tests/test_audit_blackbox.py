@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from raysim.audit.blackbox import blackbox_audit, membership, owners, with_canaries
-from raysim.cli import main
-from raysim.compare import for_algorithm
+from raysim.cli.main import main
+from raysim.compose import for_algorithm, prepare_named
 from raysim.config import load_config
 
 CONFIG = "configs/audit_digits.yaml"
@@ -20,10 +20,9 @@ STRONG = ["rounds=10", "training.local_epochs=5", "training.lr=0.5"]
 
 
 def _audit(sets: list[str], canaries: int | None = None):
-    from raysim.cli import _prepare
 
     cfg = for_algorithm(load_config(CONFIG, sets))
-    return blackbox_audit(cfg, _prepare, canaries, seed=0)
+    return blackbox_audit(cfg, prepare_named, canaries, seed=0)
 
 
 @pytest.mark.parametrize("eps", [2.0, 8.0])
@@ -45,7 +44,7 @@ def test_without_noise_the_attack_has_power():
 
 
 def test_canaries_join_only_their_owners_train_rows():
-    from raysim.experiment import build_dataset
+    from raysim.engine.experiment import build_dataset
 
     cfg = load_config(CONFIG)
     base = build_dataset(cfg)
@@ -125,14 +124,14 @@ def _noise_off(monkeypatch, mode: str) -> None:
     """The calibrated noise silently scaled to a thousandth where the mode draws it (tests
     only): the ledger still charges the calibrated multiplier."""
     if mode == "client":
-        import raysim.modes.client as client
+        import raysim.privacy.modes.client as client
 
         real = client.gaussian_mechanism
         monkeypatch.setattr(
             client, "gaussian_mechanism", lambda t, s, z, rng: real(t, s, z * 1e-3, rng)
         )
     else:
-        import raysim.modes.secure as secure
+        import raysim.privacy.modes.secure as secure
 
         real = secure.server_noise
         monkeypatch.setattr(secure, "server_noise", lambda std, *a: real(std * 1e-3, *a))
@@ -171,16 +170,16 @@ def test_excluded_canary_clients_never_take_part(monkeypatch):
     """Soundness: an excluded canary trains nothing and sends nothing in any round (it does not
     exist for the mechanism), an included one takes part in every round at rate 1, and the
     mode calibrated for the whole population with every canary slot."""
-    from raysim import compare
+    from raysim.runtime import inline
 
-    seen, real = {}, compare.inline_loop
+    seen, real = {}, inline.inline_loop
 
     def spy(prep, *a, **kw):
         loop = real(prep, *a, **kw)
         seen["loop"] = loop
         return loop
 
-    monkeypatch.setattr(compare, "inline_loop", spy)
+    monkeypatch.setattr(inline, "inline_loop", spy)
     _, rows, prep = _audit(["rounds=3"], 40)
     loop = seen["loop"]
     ids, inc = rows["client"], rows["included"]
@@ -208,7 +207,7 @@ def test_canary_trainer_returns_the_fixed_update():
 
 def test_canary_client_population():
     from raysim.audit.clients import with_canary_clients
-    from raysim.experiment import build_dataset
+    from raysim.engine.experiment import build_dataset
 
     base = build_dataset(load_config(CONFIG))
     ds = with_canary_clients(base, 30)

@@ -20,13 +20,14 @@ from algorithms.ifca import IFCA
 from algorithms.kmeans_cfl import KMeansCFL
 from algorithms.mr_mtl import MRMTL
 from algorithms.oracle import Oracle
-from raysim.compare import collect, run_inline, table
+from raysim.cli.compare import collect, table
 from raysim.config import load_config
-from raysim.experiment import prepare
+from raysim.engine.experiment import prepare
 from raysim.metrics.results import write_results
 from raysim.models import build_model, flat_params
 from raysim.privacy import Phase
 from raysim.protocol import ClientContext, Message, RoundPlan
+from raysim.runtime.inline import run_inline
 
 
 def rng(seed: int = 0) -> np.random.Generator:
@@ -198,7 +199,7 @@ def test_ari_every_round_even_between_evaluations(name):
 
 
 def test_compare_cli_reports_finished_runs(tmp_path, capsys):
-    from raysim.compare import main
+    from raysim.cli.compare import main
 
     cfg = load_config(None, small_config(**{"algorithm.name": "oracle", "rounds": 2}))
     prep = prepare(cfg, get_algorithm("oracle"), Environment)
@@ -215,7 +216,7 @@ def test_compare_cli_reports_finished_runs(tmp_path, capsys):
 def test_a_failing_run_of_compare_is_named_and_the_others_go_on(tmp_path, capsys, monkeypatch):
     """One run by one (no --jobs): a run that fails is named in one line, the others still
     run, the table is written, and the exit code is 1."""
-    from raysim.compare import main
+    from raysim.cli.compare import main
 
     (tmp_path / "failing_algo.py").write_text(
         "from algorithms.fedavg import FedAvg\n\n\n"
@@ -242,7 +243,7 @@ def test_compare_inline_jobs_run_in_parallel_with_the_same_numbers(tmp_path, cap
     and a progress line from each (not a bar each)."""
     import json
 
-    from raysim.compare import main
+    from raysim.cli.compare import main
 
     sets = small_config(**{"rounds": 2, "data.samples_per_client": 40, "runtime.progress": "true"})
     argv = [str(Path(__file__).parents[1] / "raysim" / "demo.yaml"), "--inline"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from raysim.cli import main
+from raysim.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def test_list_configs_and_sweeps_are_the_shipped_files(capsys):
 
 
 def test_each_line_is_one_sentence_of_its_docstring():
-    from raysim.catalog import first_sentence
+    from raysim.cli.catalog import first_sentence
 
     assert first_sentence("FedProx (Li et al. 2020): FedAvg with a proximal term. More.") == (
         "FedProx (Li et al. 2020): FedAvg with a proximal term"
@@ -80,7 +80,7 @@ def test_the_command_line_loads_without_torch():
     """Every command's parser is built before a run's prepare child loads torch: a subcommand
     that imports torch (or scipy) at registration slows every command's refusal by seconds."""
     code = (
-        "import sys; from raysim.cli import parser; parser(); "
+        "import sys; from raysim.cli.main import parser; parser(); "
         "print(sorted(m for m in ('torch', 'scipy', 'ray') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -1,6 +1,6 @@
-"""A checkpoint is data (raysim.runtime.checkpoint) and a run directory is one run (raysim.rundir):
-a crafted checkpoint never runs, a damaged one or an edited config.yaml is refused before Ray
-starts, and a second writer is refused."""
+"""A checkpoint is data (raysim.state.checkpoint) and a run directory is one run
+(raysim.state.rundir): a crafted checkpoint never runs, a damaged one or an edited config.yaml is
+refused before Ray starts, and a second writer is refused."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from conftest import inline_run
 
-from raysim import rundir
-from raysim.cli import main
+from raysim.cli.main import main
 from raysim.config import ConfigError
-from raysim.runtime import checkpoint as ck
-from raysim.runtime.checkpoint import CHECKPOINT, PREVIOUS
+from raysim.state import checkpoint as ck
+from raysim.state import rundir
+from raysim.state.checkpoint import CHECKPOINT, PREVIOUS
 
 SETTINGS = {"rounds": 3, "model.name": "mlp", "privacy.mode": "none"}
 
@@ -59,7 +59,8 @@ def no_run(monkeypatch):
     def ran(*args, **kw):
         raise AssertionError("the run started: it should have been refused before")
 
-    monkeypatch.setattr("raysim.cli.run_one", ran)
+    monkeypatch.setattr("raysim.cli.main.run_one", ran)  # `raysim run`
+    monkeypatch.setattr("raysim.cli.common.run_one", ran)  # `raysim compare`
 
 
 def _resume(out: Path, capsys) -> tuple[int, str]:
@@ -110,6 +111,33 @@ def test_torch_refuses_any_global_outside_the_allowlist(tmp_path):
     # a bound method comes back only as a public method of an allowed class
     with pytest.raises(pickle.UnpicklingError):
         ck.method_of(rundir.Unfinished(Path("."), "", 0, None, None), "__init__")
+
+
+def test_a_checkpoint_from_before_the_layout_resumes(monkeypatch):
+    """A checkpoint written when the state classes lived in raysim.rebalancing and raysim.modes
+    names them there: it decodes to today's classes, and a module that never held engine state
+    stays refused."""
+    import types
+
+    import numpy as np
+
+    from raysim.privacy.modes.base import PrivacyNeeds
+    from raysim.server.rebalancing import Grouping
+
+    state = {"g": Grouping(np.arange(3), np.zeros(3), np.array([0, 0, 1])), "n": PrivacyNeeds(None)}
+    for cls, old in ((Grouping, "raysim.rebalancing"), (PrivacyNeeds, "raysim.modes.base")):
+        monkeypatch.setitem(sys.modules, old, types.ModuleType(old))
+        setattr(sys.modules[old], cls.__name__, cls)
+        monkeypatch.setattr(cls, "__module__", old)
+    blob = ck.encode_state(state)
+    assert b"raysim.rebalancing" in blob and b"raysim.server" not in blob
+    monkeypatch.undo()
+    back = ck.decode_state(blob)
+    assert type(back["g"]) is Grouping and type(back["n"]) is PrivacyNeeds
+    assert back["g"].after.tolist() == [0, 0, 1]
+    forged = blob.replace(b"raysim.rebalancing\nGrouping", b"raysim.seedingx\nGrouping")
+    with pytest.raises(ck.CheckpointError):
+        ck.decode_state(forged)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped", "foreign"])

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import small_config
 
-from raysim.cli import main
+from raysim.cli.main import main
 from raysim.metrics.results import RESULT_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ def test_missing_config_file_and_bad_yaml(tmp_path, capsys):
 
 def test_no_traceback_from_the_console_script():
     proc = subprocess.run(
-        [sys.executable, "-m", "raysim.cli", "run", "--set", "privacy.epsilon=-2"],
+        [sys.executable, "-m", "raysim.cli.main", "run", "--set", "privacy.epsilon=-2"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -191,7 +191,7 @@ def test_compare_names_every_algorithm_whose_budget_cannot_be_met_before_any_run
 
 def test_progress_lines_say_round_rate_accuracy_and_time_left(capsys):
     """compare --jobs N: each run reports in lines, at most one a minute and always the last."""
-    from raysim.cli import ProgressLines
+    from raysim.cli.common import ProgressLines
     from raysim.config import load_config
 
     cfg = load_config(None, small_config(rounds=4, **{"runtime.progress": "true"}))
@@ -220,7 +220,7 @@ def test_progress_lines_say_round_rate_accuracy_and_time_left(capsys):
 def test_progress_lines_time_left_follows_the_recent_rounds(capsys):
     """R-DPCFL's rounds after E_c cost ~2x the earlier ones: after `window` slower rounds the
     rate and the time left are theirs, not the mean since the start."""
-    from raysim.cli import ProgressLines
+    from raysim.cli.common import ProgressLines
     from raysim.config import load_config
 
     cfg = load_config(None, small_config(rounds=200, **{"runtime.progress": "true"}))
@@ -248,7 +248,7 @@ def test_process_age_counts_from_the_start_of_the_process():
 
 
 def test_an_interrupted_compares_hint_replaces_its_out_and_adds_resume():
-    from raysim.compare import _without_out
+    from raysim.cli.compare import _without_out
 
     argv = ["c.yaml", "--out", "x", "--overwrite", "--out=y", "--resume", "--seeds", "0,1"]
     assert _without_out(argv) == ["c.yaml", "--seeds", "0,1"]

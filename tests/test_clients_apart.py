@@ -23,12 +23,14 @@ from conftest import RAY_TIMEOUT_S
 
 from algorithms import ALGORITHMS, Environment
 from algorithms.pina import PINA
-from raysim.compare import for_algorithm, inline_loop, run_inline
+from raysim.compose import for_algorithm
 from raysim.config import load_config
-from raysim.experiment import prepare, run_prepared
+from raysim.engine.driver import read_snapshot
+from raysim.engine.experiment import prepare
 from raysim.metrics.evaluation import Judge
 from raysim.protocol import ClientReport, EvalReport, SecureContribution
-from raysim.runtime.client_side import read_snapshot
+from raysim.runtime.inline import inline_loop, run_inline
+from raysim.runtime.run import run_prepared
 
 CLIENT_SEED = 98765432109876543210  # the clients' own: never in the server's process
 
@@ -80,7 +82,7 @@ def _client_material(objects: list) -> tuple[list, list, list]:
 def what_this_process_holds(probe) -> dict[str, float]:
     """Clients' secure inputs, states and scores of ``probe``'s run anywhere in this process's
     heap."""
-    from raysim.rounds import RoundLoop
+    from raysim.engine.rounds import RoundLoop
 
     gc.collect()
     objects = gc.get_objects()
@@ -128,8 +130,8 @@ def noise_regenerated_from_the_run_seed(algorithm, plan, view) -> bool:
     """The attack the run's seed would allow: draw the secure sum's noise as the engine did,
     from (seed, round, server, "secure"), and take it off the member counts. Where that is the
     real noise, every count comes back a whole number."""
-    from raysim.modes import make_mode  # the calibration is public: anyone can redo it
-    from raysim.modes.secure import COUNT_WEIGHT
+    from raysim.privacy.modes import make_mode  # the calibration is public: anyone can redo it
+    from raysim.privacy.modes.secure import COUNT_WEIGHT
     from raysim.seeding import SERVER, numpy_rng
 
     p = make_mode(algorithm.cfg, algorithm.env.train_sizes, algorithm.privacy_needs())
@@ -226,7 +228,7 @@ APART = [
 
 @pytest.mark.parametrize("name, mode, sets", APART)
 def test_every_algorithm_runs_with_its_clients_apart_as_in_one_process(name, mode, sets):
-    """What the clients' devices take and check (raysim.modes.device) is what each algorithm
+    """What the clients' devices take and check (raysim.privacy.modes.device) is what each algorithm
     sends and releases: its run with the clients in a child process, behind the device rules,
     gives every round's metrics as with the clients in this process."""
     sets = [
@@ -335,8 +337,8 @@ def whole(ray_session, tmp_path_factory):
 
 
 def test_a_resumed_run_restores_the_clients_states(whole, tmp_path):
-    from raysim.rundir import staging_dir
-    from raysim.runtime.checkpoint import load_checkpoint, split_checkpoint
+    from raysim.state.checkpoint import load_checkpoint, split_checkpoint
+    from raysim.state.rundir import staging_dir
 
     died = tmp_path / "died"
 
@@ -415,8 +417,8 @@ def test_a_resumed_run_continues_with_the_clients_seed_it_drew(ray_session, tmp_
     """A run that drew its clients' seed (none configured), stopped and continued from its
     checkpoint by a run prepared afresh (as a restored Tune trial is: it draws another) ends as
     one run with the first seed."""
-    from raysim.rundir import staging_dir
-    from raysim.runtime.checkpoint import load_checkpoint
+    from raysim.state.checkpoint import load_checkpoint
+    from raysim.state.rundir import staging_dir
 
     unset = [s for s in TINY_PINA if not s.startswith("privacy.client_seed")]
 
@@ -491,7 +493,8 @@ def test_the_clients_side_judges_the_scores_and_a_restore_takes_its_judge_back()
 
 
 def test_a_snapshot_is_the_states_after_its_round_even_when_the_next_round_wrote():
-    from raysim.runtime.client_side import ClientSide, read_snapshot
+    from raysim.engine.driver import read_snapshot
+    from raysim.runtime.client_side import ClientSide
 
     key = b"k" * 16
     side = ClientSide(key, {}, (), True, 7)
@@ -509,7 +512,7 @@ def test_a_snapshot_is_the_states_after_its_round_even_when_the_next_round_wrote
 def test_the_secure_sums_need_every_members_input():
     import torch
 
-    from raysim.modes.secure import SecureAggregator
+    from raysim.privacy.modes.secure import SecureAggregator
     from raysim.runtime.client_side import ClientSide
 
     key = b"k" * 16
@@ -532,7 +535,7 @@ def test_the_clients_side_sums_with_its_own_noise_once_a_round_within_the_plan()
     sum past the planned number are refused or ignored."""
     import torch
 
-    from raysim.modes.secure import SecureAggregator
+    from raysim.privacy.modes.secure import SecureAggregator
     from raysim.runtime.client_side import ClientSide
 
     key = b"k" * 16
@@ -563,7 +566,7 @@ def test_a_round_run_again_is_summed_over_the_same_members_only():
     again over the same members gives the same bits, within the plan's count."""
     import torch
 
-    from raysim.modes.secure import SecureAggregator
+    from raysim.privacy.modes.secure import SecureAggregator
     from raysim.runtime.client_side import ClientSide
 
     key = b"k" * 16
@@ -637,7 +640,7 @@ def test_kmeans_cfl_sketch_keeps_each_clients_stage1_cluster_and_weighs_no_norma
 
 
 def test_without_ray_a_checkpoint_carries_the_clients_states_too(tmp_path):
-    from raysim.runtime.checkpoint import load_checkpoint, split_checkpoint
+    from raysim.state.checkpoint import load_checkpoint, split_checkpoint
 
     whole = run_inline(_prep(algorithm=PINA))["history"]
 
@@ -658,8 +661,8 @@ def test_a_checkpoint_of_the_servers_clients_continues_with_them_apart():
     """A plain checkpoint (the clients' states in the round loop's, as a trusted server keeps
     them; ``sample`` before it kept its clients apart) continues with the states moved to the
     clients' part and the run's seed, which its clients drew from."""
-    from raysim.rounds import CHECKPOINT_FIELDS
-    from raysim.runtime.checkpoint import (
+    from raysim.engine.rounds import CHECKPOINT_FIELDS
+    from raysim.state.checkpoint import (
         clients_seed_of,
         decode_state,
         encode_state,

@@ -1,5 +1,5 @@
-"""raysim.clustering: GMM confidence (MSS / MPO) on mixtures of known separation, the E_c rule,
-the choice of M, soft-assignment sampling and k-means relabelling."""
+"""raysim.server.clustering: GMM confidence (MSS / MPO) on mixtures of known separation, the E_c
+rule, the choice of M, soft-assignment sampling and k-means relabelling."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from scipy.stats import norm
 from sklearn.metrics import adjusted_rand_score
 
-from raysim.clustering import (
+from raysim.server.clustering import (
     cluster_sizes,
     fit_gmm,
     kmeans,

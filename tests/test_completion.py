@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from raysim.cli import main
+from raysim.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,8 +7,9 @@ from conftest import small_config
 
 from algorithms import Environment, get_algorithm
 from raysim.config import RuntimeConfig, load_config
-from raysim.experiment import prepare, run_prepared
+from raysim.engine.experiment import prepare
 from raysim.runtime.coordinator import trains_in_coordinator
+from raysim.runtime.run import run_prepared
 
 TRUSTED = {"trusted_server": True}
 

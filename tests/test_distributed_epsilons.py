@@ -14,13 +14,12 @@ from dp_accounting import ComposedDpEvent, GaussianDpEvent, SelfComposedDpEvent
 from dp_accounting.rdp import RdpAccountant
 from test_modes import prep_for
 
-from raysim.compare import collect, table
+from raysim.cli.compare import collect, table
 from raysim.metrics.html_report import group_runs, load_runs, summary_table
 from raysim.metrics.report import comparison_table
-from raysim.metrics.results import AMPLIFIED_LABEL, UNAMPLIFIED_LABEL
 from raysim.metrics.tables import render
 from raysim.privacy import PrivacyLedger
-from raysim.privacy_report import format_report, privacy_report
+from raysim.privacy.report import AMPLIFIED_LABEL, UNAMPLIFIED_LABEL, format_report, privacy_report
 
 DISTRIBUTED = {
     "rounds": 3,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from raysim.cli import main
+from raysim.cli.main import main
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 

@@ -12,10 +12,11 @@ from conftest import view_of
 from algorithms import Environment, get_algorithm
 from algorithms.clustered import ClusterState
 from algorithms.dp_group import kmeans_from
-from raysim.compare import for_algorithm, inline_loop
+from raysim.compose import for_algorithm
 from raysim.config import load_config
-from raysim.experiment import prepare
+from raysim.engine.experiment import prepare
 from raysim.protocol import Message, RoundPlan
+from raysim.runtime.inline import inline_loop
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "galli_synthetic.yaml"
 OPTIMA = np.array([[5.0, 6.0], [4.0, -4.5]])

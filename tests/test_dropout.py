@@ -12,18 +12,21 @@ import torch
 from scipy.stats import binom
 
 from algorithms import ALGORITHMS, Environment
-from raysim.compare import collect, for_algorithm, run_inline, table
+from raysim.cli.compare import collect, table
+from raysim.compose import for_algorithm
 from raysim.config import ConfigError, load_config
-from raysim.experiment import prepare, run_prepared
-from raysim.modes.secure import SecureSpec
-from raysim.privacy_report import privacy_report
-from raysim.protocol import SecureContribution
-from raysim.sampling import (
+from raysim.engine.experiment import prepare
+from raysim.privacy.modes.secure import SecureSpec
+from raysim.privacy.report import privacy_report
+from raysim.privacy.sampling import (
     dropout_rates,
     report_count_pmf,
     sample_cohort,
     unavailable,
 )
+from raysim.protocol import SecureContribution
+from raysim.runtime.inline import run_inline
+from raysim.runtime.run import run_prepared
 
 SETS = [
     "rounds=4",
@@ -100,8 +103,8 @@ def test_a_run_with_sticky_unavailability_resumes_to_the_same_bits(tmp_path):
     """Last round's unavailability is state: it travels in the checkpoint."""
     from conftest import inline_run
 
-    from raysim.rundir import staging_dir
-    from raysim.runtime.checkpoint import load_checkpoint
+    from raysim.state.checkpoint import load_checkpoint
+    from raysim.state.rundir import staging_dir
 
     sets = {
         "rounds": 6,

@@ -12,9 +12,9 @@ from conftest import small_config
 
 from algorithms import Environment, get_algorithm
 from raysim.config import load_config
-from raysim.experiment import prepare
+from raysim.engine.experiment import prepare
+from raysim.engine.rounds import task_groups
 from raysim.models import build_model, flat_params
-from raysim.rounds import task_groups
 from raysim.runtime.worker import ClientWorker
 from raysim.training import LocalTrainer
 

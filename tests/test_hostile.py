@@ -21,16 +21,16 @@ from algorithms import Environment
 from algorithms.dp_group import DPGroup
 from algorithms.fedavg import FedAvg, GlobalState
 from algorithms.ifca import IFCA
-from raysim.compare import inline_loop
 from raysim.config import load_config
 from raysim.data import build_federated_dataset
-from raysim.experiment import prepare
-from raysim.modes import TrustBoundaryError
-from raysim.modes.device import ReleaseRefused, vet_releases
+from raysim.engine.experiment import prepare
 from raysim.privacy import MetricLeakage, Phase, Released, dpsgd_event, selection_event
 from raysim.privacy.events import dp_event
+from raysim.privacy.modes import TrustBoundaryError
+from raysim.privacy.modes.device import ReleaseRefused, vet_releases
 from raysim.protocol import ClientReport, RoundPlan, SealedUpdate, ServerResult
-from raysim.rebalancing import sensitivity
+from raysim.runtime.inline import inline_loop
+from raysim.server.rebalancing import sensitivity
 
 TINY = [
     "rounds=2",
@@ -281,7 +281,7 @@ def test_num_samples_is_the_clients_own_train_size(mode):
 def test_the_server_gets_only_declared_extra_fields():
     """What crosses is built from the declaration, not copied from the report."""
     mode = prep(Hostile, *SAMPLE).mode
-    from raysim.modes.base import to_message
+    from raysim.privacy.modes.base import to_message
 
     report = ClientReport(0, extra={"selected": True, "ignored": 1.5})
     assert to_message(report, mode.extra_fields).extra == {"selected": True}
@@ -537,7 +537,7 @@ def test_client_mode_refuses_a_noisy_sum_below_its_sensitivity():
 @pytest.mark.parametrize("mode", ["none", "client"])
 def test_an_algorithm_holds_no_privacy_mode(mode):
     """The engine builds the mode; nothing the algorithm holds is one."""
-    from raysim.modes import PrivacyMode
+    from raysim.privacy.modes import PrivacyMode
 
     prepared = prep(Hostile, *MODES[mode])
     assert isinstance(prepared.mode, PrivacyMode)
@@ -555,7 +555,7 @@ def test_secure_aggregation_shows_no_client_vector_and_no_sum_of_messages():
 
 def test_algorithms_never_dispatch_on_the_privacy_mode():
     """The acceptance of the engine-owned mode, kept: no algorithm builds, imports or branches
-    on a mode (it asks its view, ``raysim.modes.view``, and its context's releaser)."""
+    on a mode (it asks its view, ``raysim.privacy.modes.view``, and its context's releaser)."""
     import pathlib
     import re
 

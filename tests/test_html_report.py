@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from raysim.cli import main
+from raysim.cli.main import main
 from raysim.metrics import html_report as hr
 
 

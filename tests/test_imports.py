@@ -18,7 +18,7 @@ def test_worker_imports_leave_out_the_accountant_and_scipy_stats() -> None:
     """What a client worker imports (the algorithms it unpickles, the worker) and the round
     loop load neither dp_accounting nor scipy.stats: ~1 s and ~50 MiB in every process."""
     code = (
-        "import sys, algorithms, raysim.runtime.worker, raysim.rounds; "
+        "import sys, algorithms, raysim.runtime.worker, raysim.engine.rounds; "
         "print(sorted(m for m in ('dp_accounting.rdp', 'dp_accounting.pld', 'scipy.stats', "
         "'scipy.signal', 'opacus', 'sklearn') if m in sys.modules))"
     )
@@ -85,7 +85,7 @@ def test_a_client_release_builds_its_event_without_the_accountant() -> None:
     code = """
 import sys
 from raysim import privacy
-from raysim.modes.sample import release_dpsgd
+from raysim.privacy.modes.sample import release_dpsgd
 from raysim.training import TrainConfig
 cfg = TrainConfig(lr=0.1, batch_size=4, dp_noise_multiplier=1.0, dp_clip=1.0)
 rel = release_dpsgd(None, cfg, 40, 10)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from raysim import limits
-from raysim.cli import main
+from raysim.cli.main import main
 from raysim.config import (
     MAX_ROUNDS,
     MESSAGE_LIMIT,
@@ -31,7 +31,7 @@ DEMO = ROOT / "raysim" / "demo.yaml"
 _MEASURE = """
 import json, resource, subprocess, sys, time
 t0 = time.perf_counter()
-proc = subprocess.run([sys.executable, "-m", "raysim.cli", *sys.argv[1:]],
+proc = subprocess.run([sys.executable, "-m", "raysim.cli.main", *sys.argv[1:]],
                       capture_output=True, text=True, timeout=120)
 wall = time.perf_counter() - t0
 peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

@@ -52,7 +52,7 @@ def test_stop_exits_130_without_traceback_and_marks_the_run(tmp_path, stop):
     sets = sum((["--set", s] for s in small_config(rounds=200, **{"model.name": "linear"})), [])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raysim.cli", "run", "--out", str(out), *sets],
+        [sys.executable, "-m", "raysim.cli.main", "run", "--out", str(out), *sets],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -1,6 +1,7 @@
 """`raysim run` prepares its experiment in a forked child and hands the algorithm to the actors
-sealed (raysim.experiment.prepare_apart, raysim.runtime.sealed): its driver never imports torch.
-Checked in fresh processes, since this one has torch loaded (where prepare_apart runs in-process).
+sealed (raysim.engine.experiment.prepare_apart, raysim.engine.sealed): its driver never imports
+torch. Checked in fresh processes, since this one has torch loaded (where prepare_apart runs
+in-process).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def test_prepare_apart_returns_sealed_and_raises_what_the_child_raised() -> None
         """
         import sys
         from raysim.config import ConfigError
-        from raysim.experiment import prepare_apart
-        from raysim.runtime.sealed import Sealed
+        from raysim.engine.experiment import prepare_apart
+        from raysim.engine.sealed import Sealed
 
         def fails(exc):
             def build():
@@ -44,7 +45,7 @@ def test_prepare_apart_returns_sealed_and_raises_what_the_child_raised() -> None
         def build():
             from algorithms import Environment, get_algorithm
             from raysim.config import load_config
-            from raysim.experiment import prepare
+            from raysim.engine.experiment import prepare
             cfg = load_config(None, ["data.dataset=digits", "data.num_clients=4",
                                      "data.cluster_sizes=null", "model.name=mlp"])
             return [prepare(cfg, get_algorithm("fedavg"), Environment)]
@@ -98,7 +99,7 @@ def test_the_driver_of_raysim_run_never_imports_torch(tmp_path) -> None:
         f"""
         import os, sys
         os.environ["RAY_AUTH_MODE"] = "disabled"
-        from raysim.cli import main
+        from raysim.cli.main import main
         code = main({argv!r})
         print(code, "torch" in sys.modules)
         """,
@@ -115,7 +116,7 @@ def test_prepared_buffers_travel_through_a_shared_file_or_the_pipe() -> None:
     import numpy as np
     import pyarrow as pa
 
-    from raysim.experiment import _pickle_shared, _shared_file, _unpickle_shared
+    from raysim.engine.experiment import _pickle_shared, _shared_file, _unpickle_shared
 
     obj = {
         "pixels": np.arange(3 * 1000 * 7, dtype=np.uint8).reshape(3000, 7),

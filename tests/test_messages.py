@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import small_config
 
-from raysim.cli import main, parser
+from raysim.cli.main import main, parser
 
 
 def _sets(**kw):

@@ -13,7 +13,7 @@ from raysim.config import ConfigError, DataConfig, load_config
 from raysim.data import build_federated_dataset
 from raysim.data.public import public_indices
 from raysim.data.sources import load_digits
-from raysim.experiment import build_dataset, initial_weights
+from raysim.engine.experiment import build_dataset, initial_weights
 from raysim.models import (
     CNN,
     MLP,

@@ -1,6 +1,6 @@
-"""The trust boundary (raysim.modes): the mode registry, charges derived from what was released
-against the calibrated plan, the run-time refusal of unsanitized reports, the secure sum, and
-the one round loop run in-process and on Ray."""
+"""The trust boundary (raysim.privacy.modes): the mode registry, charges derived from what was
+released against the calibrated plan, the run-time refusal of unsanitized reports, the secure sum,
+and the one round loop run in-process and on Ray."""
 
 from __future__ import annotations
 
@@ -17,14 +17,16 @@ from conftest import RAY_TIMEOUT_S, mode_of, small_config
 
 from algorithms import Environment, get_algorithm
 from algorithms.fedavg import FedAvg
-from raysim.compare import for_algorithm, inline_loop, run_inline
+from raysim.compose import for_algorithm
 from raysim.config import PRIVACY_MODES, ConfigError, load_config
-from raysim.experiment import prepare, run_prepared
+from raysim.engine.experiment import prepare
 from raysim.metrics.results import write_results
-from raysim.modes import MODES, TrustBoundaryError
-from raysim.modes.secure import COUNT_WEIGHT, SecureAggregator, client_noise_share
 from raysim.privacy import PrivacyLedger
+from raysim.privacy.modes import MODES, TrustBoundaryError
+from raysim.privacy.modes.secure import COUNT_WEIGHT, SecureAggregator, client_noise_share
 from raysim.protocol import ClientReport, RoundPlan, SecureContribution, SecureSums
+from raysim.runtime.inline import inline_loop, run_inline
+from raysim.runtime.run import run_prepared
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -432,8 +434,8 @@ def test_ifca_behind_secure_aggregation_refuses_a_selection_window():
 
 
 def test_register_mode_names_a_mode_of_ones_own_and_refuses_a_clash():
-    from raysim.modes import mode_class, register_mode
-    from raysim.modes.none import NoPrivacy
+    from raysim.privacy.modes import mode_class, register_mode
+    from raysim.privacy.modes.none import NoPrivacy
 
     class Registered(NoPrivacy):
         name = "registered_for_a_test"

@@ -17,7 +17,8 @@ from multinode_driver import run
 
 from algorithms import Environment, get_algorithm
 from raysim.config import load_config
-from raysim.experiment import prepare, run_prepared
+from raysim.engine.experiment import prepare
+from raysim.runtime.run import run_prepared
 
 SETTINGS = {
     # the fault comes 0.25 s after round 1 is reported, which the driver does while round 2

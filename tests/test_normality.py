@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from raysim.normality import MAX_SAMPLE, normality_weight, subsample
 from raysim.seeding import SERVER, numpy_rng
+from raysim.server.normality import MAX_SAMPLE, normality_weight, subsample
 
 D = 5000
 

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raysim import rundir
-from raysim.cli import main
+from raysim.cli.main import main
 from raysim.config import ConfigError, load_config
+from raysim.state import rundir
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "raysim" / "demo.yaml"

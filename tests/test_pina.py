@@ -22,14 +22,15 @@ from test_modes import replayed_rows
 
 from algorithms import Environment, get_algorithm
 from algorithms.pina import PinaState
-from raysim.compare import for_algorithm, inline_loop
+from raysim.compose import for_algorithm
 from raysim.config import ConfigError, load_config
-from raysim.experiment import prepare
-from raysim.modes import TrustBoundaryError
-from raysim.modes.distributed import SKETCH_MECHANISM
-from raysim.modes.view import SecureReports
+from raysim.engine.experiment import prepare
 from raysim.privacy import Released
+from raysim.privacy.modes import TrustBoundaryError
+from raysim.privacy.modes.distributed import SKETCH_MECHANISM
+from raysim.privacy.modes.view import SecureReports
 from raysim.protocol import ClientReport, Message, RoundPlan, SecureContribution, SecureSums
+from raysim.runtime.inline import inline_loop
 
 # Rotated Fashion-MNIST, CNN-LoRA on a pretrained frozen base (cached on disk after the first
 # build), distributed DP under the noise-cohort convention.

@@ -11,7 +11,7 @@ import dp_accounting as dpa
 import pytest
 from conftest import small_config
 
-from raysim.cli import main
+from raysim.cli.main import main
 from raysim.privacy.accounting import epsilon
 
 

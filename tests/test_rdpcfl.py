@@ -22,9 +22,8 @@ from sklearn.metrics import adjusted_rand_score
 from algorithms import Environment, get_algorithm
 from algorithms.clustered import ClusterState, SelectionParams, model_scores, selection_utility
 from algorithms.rdpcfl import RDPCFL
-from raysim.clustering import max_pairwise_overlap, sample_assignments, switch_round
 from raysim.config import ConfigError, load_config
-from raysim.experiment import check_supports
+from raysim.engine.experiment import check_supports
 from raysim.models import build_model, flat_params
 from raysim.privacy import (
     Phase,
@@ -34,6 +33,7 @@ from raysim.privacy import (
     selection_event,
 )
 from raysim.protocol import ClientContext, ClientReport, Message, RoundPlan
+from raysim.server.clustering import max_pairwise_overlap, sample_assignments, switch_round
 from raysim.training import LocalTrainer, TrainConfig
 
 SIZES = [3, 6, 6, 6]
@@ -255,7 +255,7 @@ def test_aggregation_is_the_plain_mean_per_cluster_and_selection_is_charged():
     assert torch.equal(new.models[1], st.models[1]) and torch.equal(new.models[3], st.models[3])
     assert new.assigned[:3].tolist() == [2, 2, 0]
     assert new.assigned[3:].tolist() == st.assigned[3:].tolist()
-    # the choices are charged from their releases (raysim.modes.sample)
+    # the choices are charged from their releases (raysim.privacy.modes.sample)
     choice = mode_of(algo).release_choice(
         np.array([0.0, 1.0]), 0.01, 0.05, np.random.default_rng(0)
     )

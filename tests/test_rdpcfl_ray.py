@@ -9,9 +9,10 @@ import numpy as np
 from conftest import small_config
 
 from algorithms import Environment, get_algorithm
-from raysim.compare import run_inline
 from raysim.config import load_config
-from raysim.experiment import prepare, run_prepared
+from raysim.engine.experiment import prepare
+from raysim.runtime.inline import run_inline
+from raysim.runtime.run import run_prepared
 
 
 def test_engine_and_inline_runner_agree(ray_session, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import RAY_TIMEOUT_S
 
-from raysim.cli import main
+from raysim.cli.main import main
 
 ROOT = Path(__file__).parents[1]
 DEMO = ROOT / "raysim" / "demo.yaml"
@@ -135,14 +135,15 @@ def _argv(command: str, tmp: Path, extra: list[str]) -> list[str]:
     return tokens + sum((["--set", s] for s in extra), [])
 
 
-def _prepare(command: str, tmp: Path) -> None:
+def prepare_named(command: str, tmp: Path) -> None:
     """What a command needs to exist first: a finished run, an interrupted one, a sweep file."""
     if " DIR" in command and "report" in command:
         assert main(["run", "--out", str(tmp / "demo-run"), *_argv("", tmp, TINY_DEMO)]) == 0
     if "--resume runs/demo" in command:
         from algorithms import Environment, get_algorithm
         from raysim.config import load_config
-        from raysim.experiment import prepare, run_prepared
+        from raysim.engine.experiment import prepare
+        from raysim.runtime.run import run_prepared
 
         cfg = load_config(DEMO, TINY_DEMO)
         prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
@@ -201,7 +202,7 @@ def _params():
 @pytest.mark.parametrize("command", _params())
 def test_readme_command_runs(command, ray_session, in_tmp, capsys):
     extra, _ = CASES[command]
-    _prepare(command, in_tmp)
+    prepare_named(command, in_tmp)
     argv = _argv(command, in_tmp, extra)
     if argv == ["--help"]:
         with pytest.raises(SystemExit) as exit_:
@@ -217,8 +218,9 @@ def test_readme_command_runs(command, ray_session, in_tmp, capsys):
 def _as_written(command: str) -> list[tuple[str, object]] | None:
     """Every run a README command starts, as (label, config), with the sizes it is written with
     (optional parts left out); None where it starts none of its own."""
-    from raysim.cli import DEMO_ALGORITHMS
-    from raysim.compare import configs_of, for_algorithm, parser
+    from raysim.cli.compare import configs_of, parser
+    from raysim.cli.main import DEMO_ALGORITHMS
+    from raysim.compose import for_algorithm
     from raysim.config import load_config
 
     argv = _argv(command, ROOT, [])
@@ -251,6 +253,6 @@ def test_every_readme_experiment_can_start_as_written(command, capsys):
     its noise calibrated), as `raysim compare` does before its first run: a budget the command
     as written cannot meet fails here, not in a user's hands. (The ready sweeps' trials:
     test_sweeps_ready.)"""
-    from raysim.compare import check_budgets
+    from raysim.compose import check_budgets
 
     check_budgets(_as_written(command))

@@ -1,5 +1,6 @@
-"""Random rebalancing (raysim.rebalancing): invariants, uniformity, and the sensitivity bound of
-the k cluster sums on adversarial neighbouring cohorts under the coupling of its docstring."""
+"""Random rebalancing (raysim.server.rebalancing): invariants, uniformity, and the sensitivity
+bound of the k cluster sums on adversarial neighbouring cohorts under the coupling of its
+docstring."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from raysim.rebalancing import (
+from raysim.server.rebalancing import (
     EXACT_ID_FACTOR,
     apply_moves,
     deficit_slots,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import small_config
 
-from raysim.cli import main
+from raysim.cli.main import main
 
 ROOT = Path(__file__).parents[1]
 ARTIFACTS = ROOT / "test-artifacts"

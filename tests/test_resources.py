@@ -7,7 +7,7 @@ import time
 import pytest
 from conftest import small_config
 
-from raysim.cli import main
+from raysim.cli.main import main
 from raysim.config import ConfigError, RuntimeConfig
 from raysim.runtime.resources import check_request, fits, sized_cpus_per_worker
 
@@ -115,7 +115,7 @@ def test_a_run_this_machine_can_never_place_stops_before_ray_starts(tmp_path, ov
 
     root = Path(__file__).parents[1]
     sets = sum((["--set", s] for s in [*small_config(rounds=1), override]), [])
-    argv = [sys.executable, "-m", "raysim.cli", "run", "--out", str(tmp_path / "o"), *sets]
+    argv = [sys.executable, "-m", "raysim.cli.main", "run", "--out", str(tmp_path / "o"), *sets]
     env = {**os.environ, "PYTHONPATH": str(root)}
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2, done.stderr

@@ -12,16 +12,17 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from raysim.compare import compare_main, for_algorithm
+from raysim.cli.compare import compare_main
+from raysim.compose import for_algorithm
 from raysim.config import changed_keys, dump_config, load_config
-from raysim.rounds import CHECKPOINT_FIELDS
-from raysim.rundir import SUFFIX, find_runs
-from raysim.runtime.checkpoint import (
+from raysim.engine.rounds import CHECKPOINT_FIELDS
+from raysim.state.checkpoint import (
     CHECKPOINT,
     decode_state,
     load_checkpoint,
     split_checkpoint,
 )
+from raysim.state.rundir import SUFFIX, find_runs
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"

@@ -11,11 +11,12 @@ import pytest
 from conftest import small_config
 
 from algorithms import Environment, get_algorithm
-from raysim.cli import main
+from raysim.cli.main import main
 from raysim.config import dump_config, load_config
-from raysim.experiment import prepare, run_prepared
-from raysim.rundir import staging_dir, unfinished
-from raysim.runtime.checkpoint import CHECKPOINT
+from raysim.engine.experiment import prepare
+from raysim.runtime.run import run_prepared
+from raysim.state.checkpoint import CHECKPOINT
+from raysim.state.rundir import staging_dir, unfinished
 
 ROUNDS = 3
 SETTINGS = {
@@ -140,7 +141,7 @@ def test_inline_run_killed_resumes_on_ray_to_identical_results(whole, tmp_path):
     """An inline run writes the checkpoints a Ray run writes, in the same format: one that died
     after round 2 is continued by `raysim run --resume` (on Ray) to the uninterrupted Ray run's
     files."""
-    from raysim.compare import run_inline
+    from raysim.runtime.inline import run_inline
 
     died = tmp_path / "died"
 
@@ -161,8 +162,8 @@ def test_compare_resume_continues_keeps_and_refuses(whole, tmp_path, capsys):
     """`raysim compare --out OUT --resume`: an unfinished inline run is continued from its
     checkpoint to the uninterrupted run's files; a finished one is kept as it is; a run begun
     with other settings, or an unfinished one met without --resume, is refused."""
-    from raysim.compare import main as compare_main
-    from raysim.compare import run_inline
+    from raysim.cli.compare import main as compare_main
+    from raysim.runtime.inline import run_inline
 
     out = tmp_path / "table"
     run_dir = out / "ifca" / "seed0"
@@ -224,7 +225,7 @@ def test_interrupt_stops_every_parallel_inline_run_and_starts_no_other(tmp_path,
     for s in sets:
         argv += ["--set", s]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raysim.cli", "compare", *argv],
+        [sys.executable, "-m", "raysim.cli.main", "compare", *argv],
         start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches
         stderr=subprocess.PIPE,
         text=True,

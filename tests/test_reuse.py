@@ -13,8 +13,9 @@ from conftest import RAY_TIMEOUT_S, small_config
 
 from algorithms import Environment, get_algorithm
 from raysim.config import load_config
-from raysim.experiment import prepare, run_prepared
+from raysim.engine.experiment import prepare
 from raysim.runtime import reuse
+from raysim.runtime.run import run_prepared
 
 COMMON = {
     "data.samples_per_client": 40,

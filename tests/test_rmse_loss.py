@@ -12,10 +12,11 @@ import torch
 
 from algorithms import Environment, get_algorithm
 from algorithms.clustered import SelectionParams, selection_utility
-from raysim.compare import for_algorithm, inline_loop
+from raysim.compose import for_algorithm
 from raysim.config import ConfigError, load_config
-from raysim.experiment import prepare
+from raysim.engine.experiment import prepare
 from raysim.models import build_model
+from raysim.runtime.inline import inline_loop
 from raysim.training import LocalTrainer, TrainConfig
 from raysim.training.losses import batch_loss, dataset_loss
 

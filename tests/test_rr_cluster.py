@@ -18,7 +18,7 @@ from algorithms import Environment
 from algorithms.ifca import IFCA
 from algorithms.rr_cluster import RRCluster
 from raysim.config import ConfigError, load_config
-from raysim.experiment import prepare
+from raysim.engine.experiment import prepare
 from raysim.metrics.evaluation import clustering_accuracy
 from raysim.models import build_model
 from raysim.privacy import epsilon

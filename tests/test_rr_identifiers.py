@@ -20,11 +20,11 @@ from test_modes import prep_for
 from test_rdpcfl import env_for
 
 from algorithms.rr_cluster import RRCluster
-from raysim.compare import run_inline
 from raysim.config import ConfigError
 from raysim.metrics.results import write_results
 from raysim.privacy.identifiers import keep_probability
 from raysim.protocol import Message, RoundPlan
+from raysim.runtime.inline import run_inline
 
 CLIENT = [
     "privacy.mode=client",
@@ -233,7 +233,7 @@ def test_inline_run_writes_the_diagnostics(identifiers, tmp_path):
 
 
 def test_privacy_cli_prints_s_and_keep(tmp_path, capsys):
-    from raysim.cli import main
+    from raysim.cli.main import main
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text("rounds: 2\n")

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import small_config
 
-from raysim import rundir
-from raysim.cli import main
+from raysim.cli.main import main
 from raysim.config import ConfigError
-from raysim.runtime.checkpoint import CHECKPOINT
+from raysim.state import rundir
+from raysim.state.checkpoint import CHECKPOINT
 
 
 def _sets(**kw):
@@ -88,7 +88,8 @@ def test_run_onto_an_existing_run_refuses_before_anything_runs(tmp_path, capsys)
 def test_overwrite_replaces_and_interrupt_leaves_old_run_intact(ray_session, tmp_path, capsys):
     from algorithms import Environment, get_algorithm
     from raysim.config import load_config
-    from raysim.experiment import prepare, run_prepared
+    from raysim.engine.experiment import prepare
+    from raysim.runtime.run import run_prepared
 
     out = tmp_path / "out"
     assert main(["run", "--out", str(out), *_sets(rounds=1)]) == 0
@@ -146,7 +147,7 @@ def test_report_accepts_a_directory_of_runs(ray_session, tmp_path, capsys):
 
 
 def test_compare_refuses_to_overwrite_its_runs(tmp_path, capsys):
-    from raysim.compare import main as compare_main
+    from raysim.cli.compare import main as compare_main
 
     _fake_run(tmp_path / "out" / "fedavg" / "seed0")
     argv = ["--algorithms", "fedavg", "--seeds", "0", "--out", str(tmp_path / "out")]
@@ -163,7 +164,7 @@ def test_each_start_of_a_run_records_its_machine_and_the_table_names_it(tmp_path
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from raysim.compare import table
+    from raysim.cli.compare import table
 
     out = tmp_path / "table" / "rdpcfl" / "seed0"
     monkeypatch.setattr(rundir, "machine", lambda: {"cpu": "CPU A", "cpus": 2, "torch": "2.0"})
@@ -188,7 +189,7 @@ def test_each_start_of_a_run_records_its_machine_and_the_table_names_it(tmp_path
     (tmp_path / "table" / "fedavg" / "seed0" / "metrics.parquet").write_bytes(
         (out / "metrics.parquet").read_bytes()
     )
-    from raysim.compare import collect
+    from raysim.cli.compare import collect
 
     text = table(collect(tmp_path / "table"), ["rdpcfl", "fedavg"])
     assert "Ran on CPU A, 2 CPUs, torch 2.0: rdpcfl seed 0 rounds 1-2." in text

@@ -10,8 +10,9 @@ from conftest import small_config
 
 from algorithms import Environment, get_algorithm
 from raysim.config import load_config
-from raysim.experiment import prepare, run_prepared
-from raysim.runtime.session import gpus_per_worker
+from raysim.engine.experiment import prepare
+from raysim.runtime.resources import gpus_per_worker
+from raysim.runtime.run import run_prepared
 
 TIMING = ["round_seconds"]
 

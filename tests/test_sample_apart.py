@@ -21,11 +21,12 @@ from test_clients_apart import places_holding
 
 from algorithms import Environment
 from algorithms.fedavg import FedAvg
-from raysim.compare import for_algorithm
+from raysim.compose import for_algorithm
 from raysim.config import load_config
-from raysim.experiment import prepare, run_prepared
+from raysim.engine.experiment import prepare
 from raysim.models import build_from_spec, model_spec
 from raysim.models.params import load_flat_, trainable
+from raysim.runtime.run import run_prepared
 from raysim.seeding import torch_generator
 from raysim.training.config import sampling_plan
 
@@ -174,8 +175,9 @@ def test_the_server_cannot_take_the_dp_sgd_noise_off_without_the_clients_seed(
 
 
 def test_the_clients_refuse_a_server_that_deviates_from_the_protocol(ray_session, tmp_path):
-    """raysim.modes.device on Ray: the workers and the clients' side refuse what the protocol
-    does not hold, and serve what it does (the check can fail: the same request is served)."""
+    """raysim.privacy.modes.device on Ray: the workers and the clients' side refuse what the
+    protocol does not hold, and serve what it does (the check can fail: the same request is
+    served)."""
     sets = [s for s in SETS if not s.startswith("rounds=")] + ["rounds=2"]
     cfg = for_algorithm(load_config(None, [*sets, f"privacy.client_seed={MASKED_SEED ^ MASK}"]))
     prep = prepare(cfg, DeviatingFedAvg, Environment)

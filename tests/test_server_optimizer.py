@@ -10,13 +10,13 @@ import torch
 from conftest import inline_run, small_config
 
 from algorithms import Environment, get_algorithm
-from raysim.aggregation import ServerOptimizer
-from raysim.cli import main
-from raysim.compare import for_algorithm
+from raysim.cli.main import main
+from raysim.compose import for_algorithm
 from raysim.config import ConfigError, load_config
-from raysim.experiment import prepare
-from raysim.rundir import staging_dir
-from raysim.runtime.checkpoint import load_checkpoint
+from raysim.engine.experiment import prepare
+from raysim.server.aggregation import ServerOptimizer
+from raysim.state.checkpoint import load_checkpoint
+from raysim.state.rundir import staging_dir
 
 UPDATES = np.random.default_rng(0).normal(size=(4, 6))
 START = np.random.default_rng(1).normal(size=6)

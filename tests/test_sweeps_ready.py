@@ -12,8 +12,8 @@ import yaml
 from conftest import RAY_TIMEOUT_S
 
 from algorithms import get_algorithm
-from raysim.cli import main
-from raysim.compare import for_algorithm
+from raysim.cli.main import main
+from raysim.compose import for_algorithm
 from raysim.config import ConfigError, RuntimeConfig
 from tune.space import load_sweep, trial_config
 from tune.sweep import check_trials, check_trials_start, size_to_cluster

@@ -13,11 +13,11 @@ import pytest
 import yaml
 from conftest import RAY_TIMEOUT_S, inline_run, small_config
 
-from raysim.cli import main
-from raysim.compare import compare_main
+from raysim.cli.compare import compare_main
+from raysim.cli.main import main
 from raysim.config import changed_keys, dump_config, load_config
-from raysim.rundir import find_runs, staging_dir
-from raysim.runtime.checkpoint import load_checkpoint
+from raysim.state.checkpoint import load_checkpoint
+from raysim.state.rundir import find_runs, staging_dir
 
 pytest.importorskip("tensorboardX")
 pytest.importorskip("mlflow")

@@ -13,7 +13,7 @@ import yaml
 from conftest import RAY_TIMEOUT_S
 
 from algorithms import ALGORITHMS
-from raysim.cli import main
+from raysim.cli.main import main
 from raysim.config import ConfigError
 from tune.space import load_sweep, trial_config, trial_variants
 from tune.trainable import TRIAL_BUNDLE
@@ -295,7 +295,7 @@ def test_sigterm_stops_a_sweep_and_says_how_to_resume(tmp_path):
     out = tmp_path / "out"
     given = ["--set", "rounds=500", "--set", "data.cluster_sizes=[3, 3]"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raysim.cli", "sweep", str(sweep), "--out", str(out), *given],
+        [sys.executable, "-m", "raysim.cli.main", "sweep", str(sweep), "--out", str(out), *given],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

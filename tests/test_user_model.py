@@ -8,7 +8,7 @@ import textwrap
 import pyarrow.parquet as pq
 import pytest
 
-from raysim.cli import main
+from raysim.cli.main import main
 from raysim.config import DEMO_CONFIG
 
 USER_MODELS = textwrap.dedent(

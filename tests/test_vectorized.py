@@ -219,7 +219,7 @@ def test_train_many_falls_back_to_the_per_client_path():
 
 def test_group_size_setting():
     from raysim.config import ConfigError, load_config
-    from raysim.rounds import group_size
+    from raysim.engine.rounds import group_size
 
     with pytest.raises(ConfigError, match="runtime.client_group_size"):
         load_config(None, ["runtime.client_group_size=0"])
@@ -247,9 +247,10 @@ def test_clustered_algorithms_train_a_group_at_once(monkeypatch, algorithm, over
 
     from algorithms import Environment, get_algorithm
     from algorithms.clustered import ClusteredAlgorithm
-    from raysim.compare import for_algorithm, inline_loop
+    from raysim.compose import for_algorithm
     from raysim.config import load_config
-    from raysim.experiment import prepare
+    from raysim.engine.experiment import prepare
+    from raysim.runtime.inline import inline_loop
 
     sizes: list[int] = []
     train_many = LocalTrainer.train_many

@@ -10,11 +10,12 @@ from conftest import small_config
 
 from algorithms import Environment, get_algorithm
 from raysim.config import load_config
-from raysim.experiment import prepare, run_prepared
+from raysim.engine.experiment import prepare
+from raysim.engine.rounds import client_groups
 from raysim.protocol import ClientTask
-from raysim.rounds import client_groups
 from raysim.runtime import reuse
 from raysim.runtime.pool import MIN_PIECE_WEIGHT, cut_pieces
+from raysim.runtime.run import run_prepared
 
 
 def _run(tmp_path, name, **overrides):

@@ -1,4 +1,4 @@
-"""A local run's workers forked from the zygote (raysim/runtime/zygote.py): they start with torch
+"""A local run's workers forked from the zygote (raysim/engine/zygote.py): they start with torch
 loaded, as Ray's own workers would otherwise be (priority, process group, job), they go with
 their launcher and with the driver, and a run gives the same bits with and without them."""
 
@@ -20,7 +20,7 @@ import pytest
 import yaml
 from conftest import small_config
 
-from raysim.runtime import zygote
+from raysim.engine import zygote
 
 ROOT = Path(__file__).parents[1]
 PLAIN = json.dumps({"command_prefix": [], "env_vars": {}, "py_executable": sys.executable})
@@ -96,7 +96,7 @@ def _python(code: str, timeout: float) -> subprocess.CompletedProcess:
 
 PRELOAD_PROBE = """
 import importlib.metadata as md, json, re, sys
-from raysim.runtime import zygote
+from raysim.engine import zygote
 
 zygote._preload()
 assert "ray" not in sys.modules
@@ -161,7 +161,7 @@ from pathlib import Path
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ.pop("OMP_NUM_THREADS", None)  # torch's default in the zygote: the machine's cores
-from raysim.runtime import zygote
+from raysim.engine import zygote
 
 plan = zygote.plan()
 child = os.fork()
@@ -225,7 +225,7 @@ while Path(f"/proc/{reports[1]['pid']}").exists() and time.monotonic() < deadlin
     time.sleep(0.2)
 print("SECOND_GONE", not Path(f"/proc/{reports[1]['pid']}").exists(), flush=True)
 import socket
-from raysim.runtime.zygote_client import HEADER, request
+from raysim.engine.zygote_client import HEADER, request
 
 with socket.socket(socket.AF_UNIX) as junk:  # a request that is none: dropped
     junk.connect("\\0" + plan.address)
@@ -287,7 +287,7 @@ def test_workers_are_forked_with_torch_loaded_and_go_with_the_driver() -> None:
 def _raysim(tmp_path: Path, *args: str) -> set[str]:
     """Run the CLI; the names of the processes that started its Tune trials (seen every 0.2 s)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raysim.cli", *args],
+        [sys.executable, "-m", "raysim.cli.main", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -138,7 +138,7 @@ def check_values(base: dict[str, Any], space: dict[str, dict[str, Any]]) -> set[
     """Every trial's config valid for its algorithm (the combinations, or each value alone where
     they are more than MAX_COMBINATIONS), before Ray; the keys its algorithm leaves out."""
     from algorithms import get_algorithm
-    from raysim.compare import for_algorithm
+    from raysim.compose import for_algorithm
 
     dropped: set[str] = set()
     for params in trial_variants(space, MAX_COMBINATIONS):

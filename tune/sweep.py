@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from raysim.config import ConfigError
-from raysim.rundir import error_text, handlers_kept, out_flag
 from raysim.seeding import public_seed
+from raysim.state.rundir import error_text, handlers_kept, out_flag
 from tune.selection import selection_cost, selection_note
 from tune.space import (
     REPORTED,
@@ -156,7 +156,7 @@ def trial_rows(grid: Any, sweep: Sweep) -> list[dict[str, Any]]:
 
 def _budget(cfg: Any) -> dict[str, float | None]:
     """A trial's (eps, delta) budget, where its mode's ledger is in (eps, delta)."""
-    from raysim.modes import MODES
+    from raysim.privacy.modes import MODES
 
     mode = MODES[cfg.privacy.mode]
     accounted = mode.private and mode.accounts_epsilon
@@ -199,8 +199,7 @@ def size_to_cluster(sweep: Sweep, nodes: list[dict[str, float]]) -> None:
 def check_trials(sweep: Sweep, nodes: list[dict[str, float]]) -> None:
     """Every trial's placement group must fit the cluster (or, on an autoscaling cluster, a
     node type), else ConfigError with the fix: Tune itself would wait forever."""
-    from raysim.runtime.resources import check_request, node_types
-    from raysim.runtime.session import gpus_per_worker
+    from raysim.runtime.resources import check_request, gpus_per_worker, node_types
 
     cluster_gpus = sum(n.get("GPU", 0.0) for n in nodes)
     variants: list[dict[str, Any]] = [{}]
@@ -224,7 +223,7 @@ def check_trials_start(sweep: Sweep) -> None:
     `raysim compare` does: a budget or a split that a trial cannot meet is refused now, naming
     the trial, not after the other trials ran. The trials are the combinations of the grid and
     choice values, each range at its two ends, or each value alone past MAX_PREPARED."""
-    from raysim.compare import check_budgets, for_algorithm
+    from raysim.compose import check_budgets, for_algorithm
     from raysim.config import dump_config
     from raysim.limits import check_schedule
 
@@ -264,7 +263,7 @@ def check_out(out: Path, args: argparse.Namespace) -> None:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the sweep in --out; --overwrite replaces it")
-    from raysim.rundir import check_place
+    from raysim.state.rundir import check_place
 
     check_place(out)
     if out.exists() and not out.is_dir():
@@ -383,7 +382,7 @@ def sweep_main(args: argparse.Namespace) -> int:
         check_trials_start(sweep)
     if args.overwrite:
         clear_out(out)
-    from raysim.runtime import zygote
+    from raysim.engine import zygote
 
     runtime = trial_config(sweep.base, {}).runtime
     if runtime.forks_workers:  # before Ray loads: the trials' processes are forked from it

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from raysim.runtime.checkpoint import CHECKPOINT
+from raysim.state.checkpoint import CHECKPOINT
 from tune.space import REPORTED, trial_config
 
 TRIAL_BUNDLE = {"CPU": 0.01}
@@ -27,7 +27,7 @@ def placement(base: dict[str, Any]):
     def resources(params: dict[str, Any]):
         import ray
 
-        from raysim.runtime.session import gpus_per_worker
+        from raysim.runtime.resources import gpus_per_worker
 
         rt = trial_config(base, params).runtime
         cluster_gpus = ray.cluster_resources().get("GPU", 0.0) if ray.is_initialized() else 0.0
@@ -45,8 +45,8 @@ def make_trainable(base: dict[str, Any]):
         from ray import tune
 
         from algorithms import Environment, get_algorithm
-        from raysim.compare import for_algorithm
-        from raysim.experiment import prepare
+        from raysim.compose import for_algorithm
+        from raysim.engine.experiment import prepare
         from raysim.metrics.results import write_results
         from raysim.runtime.session import run_session
 

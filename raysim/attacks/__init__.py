@@ -2,7 +2,7 @@
 d-privacy sanitization of Galli et al. (Algorithm 2): `raysim attack dlg`.
 
 The names below load on first use (PEP 562): the command line builds its parser from
-``raysim.attacks.cli`` on every `raysim` command, and importing the attacks pulls in torch
+``raysim.cli.attack`` on every `raysim` command, and importing the attacks pulls in torch
 (~1.2 s), which `raysim run` must not pay before it has checked its config.
 """
 

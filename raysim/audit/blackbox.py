@@ -4,7 +4,7 @@
 seeded random input with a seeded label (mislabelled: nothing in the data predicts it), each
 included with probability 1/2 (seeded by (seed, canary, purpose)) in the train set of a client
 (spread over the clients, round robin over a seeded order). The configured experiment then
-trains once through the engine's own in-process loop (``raysim.compare.inline_loop``: the
+trains once through the engine's own in-process loop (``raysim.runtime.inline.inline_loop``: the
 algorithm's client step, DP-SGD through Opacus at the mode's calibrated noise, the mode's
 ``admit`` and the server step), its noise calibrated for the train sets as they are. Each canary
 is scored by minus the loss of its label under the final model its client is judged on (the
@@ -192,8 +192,8 @@ def blackbox_audit(
     """Train the configured experiment once with canaries; returns (AuditResult, rows, prep).
     ``prepare(cfg, dataset)`` builds the algorithm on the population with the canaries in, so
     the mode calibrates its noise for the train sets as trained on."""
-    from raysim.compare import inline_loop
-    from raysim.experiment import build_dataset
+    from raysim.engine.experiment import build_dataset
+    from raysim.runtime.inline import inline_loop
 
     check_request(cfg.privacy.mode, 1, "hidden")
     if cfg.privacy.mode in CLIENT_MODES:

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.modes.view import SecureReports
 from raysim.privacy import PrivacyLedger, clip_l2
+from raysim.privacy.modes.view import SecureReports
 from raysim.protocol import ClientReport, ClientTask, Message, RoundPlan
 from raysim.seeding import SERVER, numpy_rng, torch_generator
 
@@ -168,7 +168,7 @@ class SecureTarget(Target):
 
     def claimed(self) -> float:
         if self.participation == "told":
-            from raysim.modes.secure import contribution_sensitivity
+            from raysim.privacy.modes.secure import contribution_sensitivity
 
             sens = contribution_sensitivity(self.clip, self.mode.adaptive)
             self.claim_note = "Gaussian at the real sum's std, without amplification"

@@ -203,8 +203,8 @@ def canary_client_audit(
     """Train the configured experiment once with canary clients; returns (AuditResult, rows,
     prep). ``prepare(cfg, dataset)`` builds the algorithm on the population with every canary
     slot in, so the mode calibrates for N + m clients whichever canaries are in."""
-    from raysim.compare import inline_loop
-    from raysim.experiment import build_dataset, initial_weights
+    from raysim.engine.experiment import build_dataset, initial_weights
+    from raysim.runtime.inline import inline_loop
 
     t0 = time.perf_counter()
     base = build_dataset(cfg)

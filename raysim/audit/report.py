@@ -23,7 +23,7 @@ def write_audit(out: Path, result: AuditResult, rows: dict[str, np.ndarray], con
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from raysim.rundir import json_safe
+    from raysim.state.rundir import json_safe
 
     out.mkdir(parents=True, exist_ok=True)
     kind = "run" if result.method == "multi_run" else "canary"

@@ -2,6 +2,7 @@
 
 from raysim.data.describe import describe
 from raysim.data.federated import FederatedDataset, build_federated_dataset
+from raysim.data.load import load_base
 from raysim.data.partition import (
     allocate_dirichlet,
     allocate_iid,
@@ -10,7 +11,7 @@ from raysim.data.partition import (
     sizes_from_ratios,
     split_train_test,
 )
-from raysim.data.sources import BaseData, DataNotFoundError, load_base
+from raysim.data.sources import BaseData, DataNotFoundError
 from raysim.data.synthetic import make_synthetic_linear
 
 __all__ = [

@@ -22,12 +22,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from raysim.config import DataConfig
+from raysim.data.load import load_base
 from raysim.data.partition import (
     allocate_dirichlet,
     allocate_iid,
@@ -39,8 +39,11 @@ from raysim.data.partition import (
 )
 from raysim.data.public import private_pool
 from raysim.data.seeding import rng_for
-from raysim.data.sources import BaseData, PixelCodec, load_base
+from raysim.data.sources import BaseData, PixelCodec
 from raysim.data.synthetic import make_synthetic_linear
+
+if TYPE_CHECKING:  # the section's type only: data sits below the config's schema
+    from raysim.config import DataConfig
 
 _VIEWS = ("_x", "_y")
 
@@ -304,7 +307,7 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
         allocation = np.arange(len(base), dtype=np.int64).reshape(cfg.num_clients, n)
         meta.update(true_weights=syn.weights, true_bias=syn.bias)
     else:
-        base = load_base(cfg.dataset, cfg.root, seed, cfg)
+        base = load_base(cfg.dataset, cfg.root)
         allocation = _allocate(cfg, base, seed)
         if base.client is not None:
             meta["partition"] = "natural"  # the data's client ids

@@ -39,13 +39,12 @@ def load_public_slice(
     dataset: str, root: str | None, samples: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(x, y)`` of the public slice: standardised float32 images and int64 labels (copies)."""
-    from raysim.config import DataConfig
-    from raysim.data.sources import load_base
+    from raysim.data.load import load_base
 
     if samples < 1:
         raise ValueError(f"data.public_pretrain_samples must be >= 1, got {samples}")
     if dataset == "synthetic_linear":
         raise ValueError("data.public_pretrain_samples: synthetic_linear has no public slice")
-    base = load_base(dataset, root, 0, DataConfig(dataset=dataset, root=root))
+    base = load_base(dataset, root)
     idx = public_indices(base, samples)
     return base.images(idx), base.y[idx].copy()

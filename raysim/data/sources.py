@@ -23,8 +23,6 @@ from typing import Literal
 
 import numpy as np
 
-from raysim.config import DataConfig
-
 Task = Literal["classification", "regression"]
 
 
@@ -141,31 +139,6 @@ HOW_TO_GET = {
 
 IDX_PARTS = ("train-images", "train-labels", "t10k-images", "t10k-labels")
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
-
-
-def load_base(name: str, root: str | None, seed: int, cfg: DataConfig) -> BaseData:
-    """Load dataset ``name`` as one pooled ``BaseData``.
-
-    ``seed``/``cfg`` are part of the signature for datasets that are generated rather than read;
-    ``synthetic_linear`` needs the cluster of every client, so it has its own entry point
-    (:func:`raysim.data.synthetic.make_synthetic_linear`).
-    """
-    if name == "digits":
-        return load_digits()
-    if name in ("mnist", "fmnist"):
-        return load_idx_dataset(name, root)
-    if name == "cifar10":
-        return load_cifar10(root)
-    if name == "npz":
-        from raysim.data.arrays import load_npz
-
-        return load_npz(root)
-    if name == "synthetic_linear":
-        raise ValueError(
-            "synthetic_linear is generated per client from the cluster assignment; "
-            "use raysim.data.synthetic.make_synthetic_linear (build_federated_dataset does)"
-        )
-    raise ValueError(f"data.dataset: unknown dataset {name!r}")
 
 
 # The integer scale of each image dataset's stored pixels ([0, 1] = pixel / scale).

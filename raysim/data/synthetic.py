@@ -24,12 +24,15 @@ drew before these options existed (each option only changes its own draw).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from raysim.config import DataConfig
 from raysim.data.seeding import rng_for
 from raysim.data.sources import BaseData
+
+if TYPE_CHECKING:  # the section's type only: data sits below the config's schema
+    from raysim.config import DataConfig
 
 DEFAULT_SAMPLES_PER_CLIENT = 100
 

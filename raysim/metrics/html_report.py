@@ -28,7 +28,7 @@ import yaml
 
 from raysim.config import ConfigError, dotted
 from raysim.metrics.report import METRIC_DP, NO_DP
-from raysim.metrics.results import AMPLIFIED_LABEL, UNAMPLIFIED_LABEL, both_epsilons
+from raysim.privacy.report import AMPLIFIED_LABEL, UNAMPLIFIED_LABEL, both_epsilons
 
 # config keys that never split runs into groups: the seed is what a group is taken over
 IGNORED_KEYS = ("seed", "name", "privacy.client_seed")

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from raysim.metrics.results import both_epsilons, load_run
+from raysim.metrics.results import load_run
+from raysim.privacy.report import both_epsilons
 
 NO_DP = "∞ (no DP)"
 METRIC_DP = "- (metric DP)"

@@ -14,7 +14,9 @@ import pyarrow.parquet as pq
 
 from raysim.config import dump_config
 from raysim.metrics.evaluation import diagnostics_summary
-from raysim.rundir import json_safe
+from raysim.privacy.report import AMPLIFIED_LABEL, EPSILON_LABELS, UNAMPLIFIED_LABEL
+from raysim.state.checkpoint import rows_table
+from raysim.state.rundir import json_safe
 
 # privacy.parquet's columns (PrivacyLedger.rows), also when nothing was charged
 LEDGER_COLUMNS = [
@@ -24,16 +26,6 @@ LEDGER_COLUMNS = [
     ("params", pa.string()),
     ("epsilon", pa.float64()),
 ]
-
-# what each eps holds under, where a run has both (distributed: the noise-cohort eps assumes the
-# cohort's participation is hidden from the server; the other is the same noise, no sampling)
-AMPLIFIED_LABEL = "noise-cohort, participation hidden"
-UNAMPLIFIED_LABEL = "no amplification"
-EPSILON_LABELS = {
-    "epsilon": f"{AMPLIFIED_LABEL}: amplified by Poisson sampling at noise_cohort_size/population",
-    "epsilon_unamplified": f"{UNAMPLIFIED_LABEL}: the same noise, every secure sum composed "
-    "(what holds where the server sees who took part)",
-}
 
 RESULT_FILES = (
     "config.yaml",
@@ -45,19 +37,12 @@ RESULT_FILES = (
 )
 
 
-def _table(rows: list[dict[str, Any]]) -> pa.Table:
-    keys: list[str] = []
-    for row in rows:  # union of keys, first-seen order: evaluation rows have more columns
-        keys += [k for k in row if k not in keys]
-    return pa.table({k: [row.get(k) for row in rows] for k in keys})
-
-
 def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     cfg = prep.cfg
     (out / "config.yaml").write_text(dump_config(prep.recorded_config()))
     history = results["history"]
-    pq.write_table(_table(history), out / "metrics.parquet")
+    pq.write_table(rows_table(history), out / "metrics.parquet")
 
     truth = np.asarray(prep.truth)
     assigned = results.get("assignments")
@@ -87,9 +72,9 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
         if rows:
             from raysim.metrics.leakage import plot_max_leakage
 
-            pq.write_table(_table(rows), out / "leakage.parquet")
+            pq.write_table(rows_table(rows), out / "leakage.parquet")
             plot_max_leakage(rows, truth, out / "leakage.png", rounds=len(history))
-    pq.write_table(_table(clients), out / "clients.parquet")
+    pq.write_table(rows_table(clients), out / "clients.parquet")
     history_of_assignments = results.get("assignment_history") or []
     if history_of_assignments:  # long form: one row per (round, client)
         n = len(truth)
@@ -105,7 +90,7 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
         )
     ledger_rows = results["ledger_rows"]
     if ledger_rows:
-        pq.write_table(_table(ledger_rows), out / "privacy.parquet")
+        pq.write_table(rows_table(ledger_rows), out / "privacy.parquet")
     else:  # nothing charged: no rows (not one of nulls), the ledger's columns
         pq.write_table(pa.schema(LEDGER_COLUMNS).empty_table(), out / "privacy.parquet")
 
@@ -241,11 +226,6 @@ def plot_run(run_dir: Path) -> None:
         fig.tight_layout()
         fig.savefig(run_dir / "clip.png", dpi=100)
         plt.close(fig)
-
-
-def both_epsilons(eps: str, unamplified: str) -> str:
-    """A distributed run's two eps, already formatted, each labelled with what it assumes."""
-    return f"{eps} ({AMPLIFIED_LABEL}) / {unamplified} ({UNAMPLIFIED_LABEL})"
 
 
 def warning_label(warning: str) -> str:

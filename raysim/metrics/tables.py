@@ -20,7 +20,7 @@ from raysim.metrics.html_report import (
     load_runs,
     summary_table,
 )
-from raysim.metrics.results import EPSILON_LABELS
+from raysim.privacy.report import EPSILON_LABELS
 
 FORMATS = ("html", "json", "csv", "markdown")
 

@@ -7,8 +7,6 @@ keyword arguments given inline (tests, scripts).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from torch import nn
 
 from raysim.models.cnn import CNN
@@ -24,10 +22,11 @@ from raysim.models.params import (
     num_params,
     param_layout,
 )
+from raysim.models.pretrain import PublicSlice
+from raysim.models.registry import BUILDERS, MODELS
 from raysim.models.resnet import ResNet18GN
 from raysim.models.spec import (
     ModelSpec,
-    PublicSlice,
     build_from_spec,
     check_model_kwargs,
     init_seed,
@@ -35,19 +34,6 @@ from raysim.models.spec import (
     model_spec,
 )
 from raysim.models.vit import ViT
-
-# name -> builder(input_shape, num_classes, **kwargs). Adding a model: one line here; its
-# keyword arguments become the keys allowed under `model:` in the config.
-BUILDERS: dict[str, Callable[..., nn.Module]] = {
-    "cnn": CNN,
-    "mlp": MLP,
-    "linear": Linear,
-    "resnet18": ResNet18GN,
-    "vit": ViT,
-    "cnn_lora": cnn_lora,
-    "vit_lora": vit_lora,
-}
-MODELS: tuple[str, ...] = tuple(BUILDERS)
 
 
 def build_model(

@@ -24,8 +24,7 @@ from torch import nn
 
 from raysim.models.cnn import CNN
 from raysim.models.lora import apply_lora
-from raysim.models.pretrain import PretrainSettings, pretrained_state
-from raysim.models.spec import PublicSlice
+from raysim.models.pretrain import PretrainSettings, PublicSlice, pretrained_state
 from raysim.models.vit import ViT
 
 Base = Literal["pretrained", "random"]

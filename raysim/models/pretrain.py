@@ -27,11 +27,19 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from raysim.models.spec import PublicSlice
-
 CACHE_ENV = "RAYSIM_PRETRAINED_DIR"
 DEFAULT_CACHE = "~/.cache/raysim/pretrained"
 _FORMAT = 1  # bump when the training procedure changes
+
+
+@dataclass(frozen=True)
+class PublicSlice:
+    """The public, unrotated slice a frozen base is pretrained on (``data.public_pretrain_samples``
+    images at the end of the dataset's training file; the federated partition never uses them)."""
+
+    dataset: str
+    root: str | None
+    samples: int
 
 
 @dataclass(frozen=True)

@@ -28,22 +28,13 @@ import torch
 from pydantic import ConfigDict, ValidationError, create_model
 from torch import nn
 
-from raysim.config import ConfigModel, error_message, import_named
+from raysim.models.pretrain import PublicSlice
 from raysim.seeding import SERVER, torch_generator
+from raysim.validation import ConfigModel, error_message, import_named
 
 # Keyword arguments the engine provides (from other config sections), never the user.
 ENGINE_KEYS: frozenset[str] = frozenset({"public"})
 _POSITIONAL = ("input_shape", "num_classes")
-
-
-@dataclass(frozen=True)
-class PublicSlice:
-    """The public, unrotated slice a frozen base is pretrained on (``data.public_pretrain_samples``
-    images at the end of the dataset's training file; the federated partition never uses them)."""
-
-    dataset: str
-    root: str | None
-    samples: int
 
 
 @dataclass(frozen=True)
@@ -55,7 +46,7 @@ class ModelSpec:
 
 
 def _registry() -> dict[str, Callable[..., nn.Module]]:
-    from raysim.models import BUILDERS
+    from raysim.models.registry import BUILDERS
 
     return BUILDERS
 
@@ -65,7 +56,7 @@ def _builder(name: str) -> Callable[..., nn.Module]:
         return _import_builder(name)
     reg = _registry()
     if name not in reg:
-        from raysim.config import did_you_mean
+        from raysim.validation import did_you_mean
 
         allowed = ", ".join(reg)
         hint = did_you_mean(name, reg)

@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from typing import Any, NamedTuple
+from typing import Any
 
+from raysim.engine.driver import Snapshot, read_snapshot
 from raysim.metrics.evaluation import Judge
 from raysim.protocol import EvalReport, SecureContribution, SecureSums
 
@@ -113,7 +114,10 @@ class ClientSide:
         the same bits (``modes.device``: two releases of a round on other inputs would cancel
         its noise); of two pieces of a client's round at once, the second is refused.
         ``limit``: the most rounds a client may train in (its mode's cap)."""
-        from raysim.modes.device import ReleaseRefused, state_digest  # torch: not in the driver
+        from raysim.privacy.modes.device import (  # torch: not in the driver
+            ReleaseRefused,
+            state_digest,
+        )
 
         self._check(key)
         before = round if kind == "train" else round + 1
@@ -187,7 +191,10 @@ class ClientSide:
         sums (the noise of a round is drawn from the same stream each time: two member sets
         would give the inputs of the clients in one and not the other). A round run again after
         a restart is summed again over the same members, which gives the same bits."""
-        from raysim.modes.secure import SecureSpec, secure_noise_rng  # torch: not in the driver
+        from raysim.privacy.modes.secure import (  # torch: not in the driver
+            SecureSpec,
+            secure_noise_rng,
+        )
 
         if self._secure is None:
             raise PermissionError("this run releases no secure sum")
@@ -280,7 +287,7 @@ class ClientSide:
         judged = {r: row for r, row in self._judged.items() if r <= round}
         snap = {"states": out, "served": served, "summed": summed}
         snap |= {"judge": self._judge, "judged": judged}  # the driver judged up to ``round``
-        from raysim.runtime.checkpoint import encode_state
+        from raysim.state.checkpoint import encode_state
 
         return encode_state(snap)
 
@@ -308,42 +315,6 @@ class ClientSide:
         self._evaluations.clear()
         self._judged = dict(snap.judged)
         return dict(snap.judged)
-
-
-class Snapshot(NamedTuple):
-    """A ``ClientSide.snapshot``: the clients' states; what decided each client's output, per
-    kind, client and round; the members of each round summed; the judge and what it judged,
-    by round."""
-
-    states: dict[int, Any]
-    served: dict[str, dict[int, dict[int, bytes]]]
-    summed: dict[int, tuple[int, ...]]
-    judge: Judge | None = None
-    judged: dict[int, dict[str, Any]] = {}
-
-
-def read_snapshot(blob: bytes) -> Snapshot:
-    """One written before the clients kept what they released holds the states alone (and one
-    before they kept the sums, no sums; before they judged, no judge)."""
-    from raysim.runtime.checkpoint import decode_state
-
-    snap = decode_state(blob)
-    if "states" in snap:
-        return Snapshot(
-            snap["states"],
-            snap["served"],
-            snap.get("summed", {}),
-            snap.get("judge"),
-            snap.get("judged", {}),
-        )
-    return Snapshot(snap, {}, {})
-
-
-def add_judged(rows: list[dict[str, Any]], judged: dict[int, dict[str, Any]]) -> None:
-    """The metrics judged on the clients' side into the round loop's rows (restored from a
-    checkpoint, whose server never held them), by round."""
-    for row in rows:
-        row.update(judged.get(row["round"], {}))
 
 
 class OnRay:

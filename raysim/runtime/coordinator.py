@@ -1,8 +1,9 @@
 """The Coordinator runs the rounds (docs/architecture.md, "One round, as data flows").
 
-`runtime.session` runs it inside a Ray actor. The rounds themselves are ``raysim.rounds.RoundLoop``
-(the same loop `compare --inline` runs in one process); the coordinator gives it a pool of
-worker actors to run the clients on. The workers own the data and the arithmetic.
+`runtime.session` runs it inside a Ray actor. The rounds themselves are
+``raysim.engine.rounds.RoundLoop`` (the same loop `compare --inline` runs in one process); the
+coordinator gives it a pool of worker actors to run the clients on. The workers own the data and
+the arithmetic.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import numpy as np
 import ray
 
 from raysim.config import ExperimentConfig, RuntimeConfig
+from raysim.engine.sealed import opened
 from raysim.runtime.pool import WorkerPool
 from raysim.runtime.reuse import Renewable
-from raysim.runtime.sealed import opened
 from raysim.runtime.worker import ClientWorker
 
 # This module imports no torch (the round loop and the model spec load in the actor): the driver
@@ -144,7 +145,7 @@ class Coordinator(Renewable):
         this actor would (with the key this actor never holds)."""
         import torch
 
-        from raysim.rounds import RoundLoop, group_size
+        from raysim.engine.rounds import RoundLoop, group_size
 
         # the server's torch operations on a fixed thread count, as the workers' (Ray's
         # OMP_NUM_THREADS reaches torch only in a worker that loads it after Ray sets it)
@@ -203,7 +204,7 @@ class Coordinator(Renewable):
         if self.cfg.runtime.actor_per_client:  # each client pinned to its own actor
             shards = [(t.client_id, [[t]]) for t in tasks]
             return self.pool.run_pinned(kind, round, stacked, shards)
-        from raysim.rounds import task_groups
+        from raysim.engine.rounds import task_groups
 
         groups = task_groups(kind, tasks, self.group_size, self.cfg.runtime.eval_group_size)
         return self.pool.run(kind, round, stacked, groups)

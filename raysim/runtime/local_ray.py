@@ -267,7 +267,7 @@ def forked_workers() -> Iterator[bool]:
     """While active, a Ray head started in this process starts its Python workers through the
     run's zygote (``zygote.py``), if one was forked: each worker then begins with torch and
     raysim imported. Yields whether it does."""
-    from raysim.runtime import zygote
+    from raysim.engine import zygote
 
     launcher = zygote.launcher()
     if launcher is None:

@@ -162,8 +162,6 @@ def check_before_local_ray(rt: RuntimeConfig, clients: int) -> None:
 
     if rt.address or ray.is_initialized() or (nodes := local_node()) is None:
         return
-    from raysim.runtime.session import gpus_per_worker
-
     check_request(rt, gpus_per_worker(rt, nodes[0]["GPU"]), nodes, clients=clients)
 
 
@@ -172,3 +170,13 @@ def sized_cpus_per_worker(num_workers: int, nodes: list[dict[str, float]]) -> fl
     cluster has room, else the share that lets one trial run on the largest node."""
     biggest = max((x.get("CPU", 0.0) for x in nodes), default=0.0)
     return min(1.0, _floor2((biggest - TRIAL_CPU) / num_workers))
+
+
+def gpus_per_worker(rt: RuntimeConfig, cluster_gpus: float) -> float:
+    """`auto`: share the cluster's GPUs evenly between the workers (at most one each); none on
+    a CPU-only cluster, where a GPU request would wait forever."""
+    if rt.gpus_per_worker == "auto":
+        if cluster_gpus <= 0:
+            return 0.0
+        return min(1.0, cluster_gpus / rt.num_workers)
+    return float(rt.gpus_per_worker)

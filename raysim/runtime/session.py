@@ -20,13 +20,9 @@ from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raysim.config import RuntimeConfig, dump_config
+from raysim.engine.driver import Progress, drive
 from raysim.metrics.evaluation import Judge
-from raysim.rundir import handlers_kept
 from raysim.runtime import reuse
-from raysim.runtime.checkpoint import (
-    clients_seed_of,
-    kept_apart,
-)
 from raysim.runtime.client_side import ClientSide, OnRay, client_key
 from raysim.runtime.coordinator import (
     Coordinator,
@@ -34,10 +30,14 @@ from raysim.runtime.coordinator import (
     worker_args,
     worker_options,
 )
-from raysim.runtime.driver import Progress, drive
 from raysim.runtime.local_ray import start_local_ray
-from raysim.runtime.resources import check_cluster
+from raysim.runtime.resources import check_cluster, gpus_per_worker
 from raysim.runtime.worker import ClientWorker
+from raysim.state.checkpoint import (
+    clients_seed_of,
+    kept_apart,
+)
+from raysim.state.rundir import handlers_kept
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +75,6 @@ def process_age() -> float | None:
             return round(float(f.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"), 2)
     except (OSError, ValueError, IndexError):
         return None
-
-
-def gpus_per_worker(rt: RuntimeConfig, cluster_gpus: float) -> float:
-    """`auto`: share the cluster's GPUs evenly between the workers (at most one each); none on
-    a CPU-only cluster, where a GPU request would wait forever."""
-    if rt.gpus_per_worker == "auto":
-        if cluster_gpus <= 0:
-            return 0.0
-        return min(1.0, cluster_gpus / rt.num_workers)
-    return float(rt.gpus_per_worker)
 
 
 def _start_workers(

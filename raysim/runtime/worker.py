@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from raysim.engine.sealed import opened
 from raysim.protocol import ClientContext, ClientTask
 from raysim.runtime.reuse import Renewable
-from raysim.runtime.sealed import opened
 
 if TYPE_CHECKING:  # torch, the models and the trainer load in the actor, not in the driver
     import torch
@@ -49,7 +49,7 @@ class ClientWorker(Renewable):
         mode: Any = None,
         client_side: tuple[Any, bytes] | None = None,
     ) -> None:
-        """``algorithm`` and ``model_spec`` may be sealed (raysim.runtime.sealed).
+        """``algorithm`` and ``model_spec`` may be sealed (raysim.engine.sealed).
         ``client_seed``: where the server is untrusted, the seed of the clients' draws (the
         run's ``seed`` still builds the model, as the server's is built). ``client_side``: (the
         clients' side, the run's client key) where the server is untrusted: the clients' states
@@ -66,7 +66,7 @@ class ClientWorker(Renewable):
         # the clients' side of the run's privacy mode: what a client step releases goes through
         # it (ClientContext.release); None only for a worker that evaluates alone
         self.mode = mode
-        from raysim.modes.releaser import Releaser
+        from raysim.privacy.modes.releaser import Releaser
 
         self.releaser = None if mode is None else Releaser(mode)
         if isinstance(dataset, list):  # [ObjectRef]: fetched here, zero-copy
@@ -96,7 +96,7 @@ class ClientWorker(Renewable):
         (``modes.device``), and an evaluation's scores go to that side, not into the reply."""
         if self.client_side is None:
             return self._run(kind, round, self._broadcast(models), groups)
-        from raysim.modes.device import (
+        from raysim.privacy.modes.device import (
             ReleaseRefused,
             check_broadcast,
             check_round,
@@ -168,7 +168,7 @@ class ClientWorker(Renewable):
         """The clients' states, from the clients' side (a state the server sent is not
         theirs), once the devices admit the request (``modes.device``); the clients admitted
         to it for the first time."""
-        from raysim.modes.device import (
+        from raysim.privacy.modes.device import (
             ReleaseRefused,
             broadcast_digest,
             check_task,

@@ -49,7 +49,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from raysim.runtime.zygote_client import HEADER, STATUS, receive
+from raysim.engine.zygote_client import HEADER, STATUS, receive
 
 CLIENT = Path(__file__).with_name("zygote_client.py")
 # what a worker imports before it runs anything, loaded once, in the zygote (best effort; not

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from raysim.config import ExperimentConfig
-from raysim.modes.view import Reports
 from raysim.privacy import Phase, Released
+from raysim.privacy.modes.view import Reports
 from raysim.protocol import (
     Charge,
     ClientReport,

@@ -17,7 +17,7 @@ ONE_RUN_CANARIES = 500  # --runs 1 without --canaries (capped at what the model'
 def check_out(out: Path, overwrite: bool) -> None:
     """Refused before the audit runs: an --out in a system directory, one that is a file, holds
     other files, or holds an audit without --overwrite."""
-    from raysim.rundir import check_place
+    from raysim.state.rundir import check_place
 
     check_place(out)
     if out.exists() and not out.is_dir():
@@ -35,9 +35,10 @@ def check_out(out: Path, overwrite: bool) -> None:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from raysim.audit import ADVERSARY, PARTICIPATION
-    from raysim.cli import _config, _prepare
+    from raysim.cli.common import config_from_args
+    from raysim.compose import prepare_named
     from raysim.config import dump_config
-    from raysim.rundir import out_flag
+    from raysim.state.rundir import out_flag
 
     if args.adversary not in ADVERSARY:
         raise ConfigError(f"--adversary: one of {', '.join(ADVERSARY)}, got {args.adversary!r}")
@@ -55,7 +56,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise ConfigError(f"--seed: a whole number >= 0, got {args.seed}")
     if args.config is None:
         raise ConfigError("raysim audit needs a CONFIG (e.g. configs/audit_digits.yaml)")
-    cfg = _config(args)
+    cfg = config_from_args(args)
     if args.adversary == "black-box":
         from raysim.audit.blackbox import check_request
 
@@ -68,7 +69,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     check_out(out, args.overwrite)
     if args.adversary == "black-box":
         return _black_box(args, cfg, out)
-    prep = _prepare(cfg)
+    prep = prepare_named(cfg)
     canaries = args.canaries
     if canaries is None:
         dim = int(prep.env.init_weights.numel())
@@ -99,12 +100,12 @@ def _black_box(args: argparse.Namespace, cfg: Any, out: Path) -> int:
 
     from raysim.audit.blackbox import blackbox_audit
     from raysim.audit.report import write_audit
-    from raysim.cli import _prepare
+    from raysim.compose import prepare_named
     from raysim.config import dump_config
 
     with tqdm(total=cfg.rounds, desc=f"audit {cfg.privacy.mode} (black-box)", unit="round") as bar:
         result, rows, prep = blackbox_audit(
-            cfg, _prepare, args.canaries, args.seed, args.confidence, bar.update
+            cfg, prepare_named, args.canaries, args.seed, args.confidence, bar.update
         )
     write_audit(out, result, rows, dump_config(prep.recorded_config()))
     print(result.line())

@@ -140,7 +140,7 @@ class SecureAggregator:
         return self.shortfall == "abort" and self.missing_share(members) > 0
 
     def check(self, c: SecureContribution) -> None:
-        from raysim.modes.base import refuse
+        from raysim.privacy.modes.base import refuse
 
         if not 0 <= c.slot < self.num_slots:
             refuse(self.algorithm, "contribution", f"slot {c.slot} of {self.num_slots}")

@@ -8,8 +8,9 @@ table (mean +- std over seeds of the final All / Majority / Minority accuracy, t
 accuracy, how many seeds clustered every client correctly after round 1 and at the end, and
 R-DPCFL's chosen M, MSS and E_c) is printed and written to OUT/compare.md and compare.json.
 
-``--inline`` runs the rounds in this process, without Ray (``run_inline``): the same algorithm
-calls with the same seeded generators, so the same numbers as the engine on the same device;
+``--inline`` runs the rounds in this process, without Ray (``raysim.runtime.inline``): the
+same algorithm calls with the same seeded generators, so the same numbers as the engine on the
+same device;
 it serves machines without Ray (the GPU box) and tests. ``--jobs N`` runs N of the inline runs
 at once, each in its own process (each run's numbers are the same as alone). Every run writes
 checkpoints as ``raysim run`` does, inline too; ``--out OUT --resume`` keeps OUT's finished runs
@@ -21,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import itertools
 import json
 import math
 import shlex
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -44,122 +44,6 @@ ACCURACY_COLUMNS = (
     ("Min acc", "accuracy_min"),
     ("Acc disparity", "accuracy_disparity"),
 )
-
-
-# ------------------------------------------------------------------------------ running
-
-
-def inline_loop(
-    prep: Any,
-    device: str | None = None,
-    apart: bool = False,
-    make_worker: Callable[..., Any] | None = None,
-) -> Any:
-    """The engine's round loop (``raysim.rounds.RoundLoop``) for this process, without Ray: the
-    clients run on one ``ClientWorker``, as they would on a worker actor: here, or with
-    ``apart`` in a child process with the clients' side (``runtime.client_side.ClientsProcess``:
-    the clients' states and secure inputs never in this process, the server's; its
-    ``loop.clients`` is to be closed). ``make_worker``: builds the worker from ClientWorker's
-    arguments, to run the clients here (the black-box audit's canary clients,
-    ``raysim.audit.clients``)."""
-    import torch
-
-    from raysim.metrics.evaluation import Judge
-    from raysim.models import model_spec
-    from raysim.rounds import RoundLoop, group_size, task_groups
-    from raysim.runtime.client_side import ClientsProcess
-    from raysim.runtime.worker import ClientWorker
-
-    cfg = prep.cfg
-    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    gpus = 1.0 if dev.startswith("cuda") else 0.0
-    rt = cfg.runtime
-    # a copy of the algorithm, as a worker actor holds
-    args = (copy.deepcopy(prep.algorithm), prep.dataset, model_spec(cfg), cfg.seed)
-    args += (rt.threads_per_worker, gpus, rt.vectorize, prep.client_seed, copy.deepcopy(prep.mode))
-    clients = None
-    if apart and make_worker is not None:
-        raise ValueError("make_worker runs the clients in this process: not with apart")
-    if apart:
-        secure = prep.privacy_summary.get("secure_spec")
-        judge = Judge(np.asarray(prep.truth), cfg.training.early_stop_patience)
-        clients = ClientsProcess(args, rt.checkpoint_every > 0, prep.client_seed, secure, judge)
-    worker = clients or (make_worker or ClientWorker)(*args)
-    size = group_size(rt.client_group_size, gpus)  # the same groups as on Ray
-
-    def execute(kind: str, round: int, models: list[Any], tasks: list[Any]) -> list[Any]:
-        stacked = np.stack([m.detach().to("cpu", torch.float32).numpy() for m in models])
-        return worker.run(kind, round, stacked, task_groups(kind, tasks, size, rt.eval_group_size))
-
-    seed = None if apart else prep.client_seed
-    loop = RoundLoop(cfg, prep.algorithm, prep.mode, prep.truth, execute, seed)
-    loop.device = str(worker.device)
-    loop.clients = clients
-    if clients is not None:  # the secure sums and the evaluations' metrics from their side
-        loop.secure_sums, loop.judge = clients.secure_sums, None
-    return loop
-
-
-def run_inline(
-    prep: Any,
-    on_round: Callable[[dict], None] | None = None,
-    device: str | None = None,
-    out_dir: Path | None = None,
-    resume: bytes | None = None,
-    apart: bool | None = None,
-) -> dict[str, Any]:
-    """The remaining rounds of ``inline_loop``: the result dict of ``runtime.session.run_session``,
-    whose files it writes too: with ``out_dir``, metrics.parquet and a checkpoint (every
-    ``runtime.checkpoint_every`` rounds) as rounds finish, so a paper-scale run that stops loses
-    at most those rounds; ``resume`` is a checkpoint to continue from (the same format as a Ray
-    run's, so either can continue the other). ``apart`` (default: where the server is
-    untrusted) keeps the clients in a child process, as a Ray run keeps them on actors."""
-    import torch
-
-    from raysim.runtime.checkpoint import clients_seed_of, kept_apart
-    from raysim.runtime.driver import Progress, StatesHere, drive
-
-    t0 = time.perf_counter()
-    threads = torch.get_num_threads()
-    cfg = prep.cfg
-    if apart is None:
-        apart = not prep.mode.trusted_server
-    loop = None
-    if resume is not None and apart:  # the clients continue with their states
-        resume = kept_apart(resume, cfg.seed)
-    if resume is not None and prep.client_seed is not None:  # and with their seed
-        prep.client_seed = clients_seed_of(resume, cfg.seed)
-    try:
-        loop = inline_loop(prep, device, apart)
-        clients = loop.clients if loop.clients is not None else StatesHere(loop)
-        config = dump_config(prep.recorded_config())
-        drive(
-            loop,
-            clients,
-            cfg,
-            Progress(resume),
-            config,
-            prep.client_seed,
-            out_dir,
-            on_round,
-            checkpoints=out_dir is not None,  # nothing to keep one for: none is taken
-        )
-        evaluations = loop.clients.evaluations() if loop.clients is not None else None
-    finally:
-        torch.set_num_threads(threads)
-        if loop is not None and loop.clients is not None:
-            loop.clients.close()
-    on_gpu = loop.device.startswith("cuda")
-    results = loop.results()
-    if evaluations is not None:
-        results["eval"] = evaluations
-    return {
-        **results,
-        "workers_replaced": 0,
-        "workers": [{"inline": True, "device": loop.device, "clients_apart": apart}],
-        "gpus_per_worker": 1.0 if on_gpu else 0.0,
-        "wall_seconds": time.perf_counter() - t0,
-    }
 
 
 # ------------------------------------------------------------------------------- the table
@@ -270,7 +154,8 @@ def table(runs: dict[str, list[dict[str, Any]]], order: Sequence[str] | None = N
     for a in names:
         rs = runs[a]
         from raysim.metrics.report import METRIC_DP, NO_DP
-        from raysim.metrics.results import both_epsilons, warning_label
+        from raysim.metrics.results import warning_label
+        from raysim.privacy.report import both_epsilons
 
         warnings = sorted({warning_label(r["warning"]) for r in rs if r.get("warning")})
         label = f"{a} ({'; '.join(warnings)})" if warnings else a
@@ -372,6 +257,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def compare_main(argv: Sequence[str] | None = None) -> int:
+    from raysim.compose import check_budgets
+
     args = parser().parse_args(argv)
     algorithms = [a for a in args.algorithms.split(",") if a]
     try:
@@ -391,8 +278,8 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         if key in ("seed", "algorithm.name"):
             flag = "--seeds" if key == "seed" else "--algorithms"
             print(f"raysim compare: --set {item.strip()}: replaced by {flag}", file=sys.stderr)
-    from raysim import rundir
     from raysim.limits import check_schedule
+    from raysim.state import rundir
 
     rundir.out_flag(args.out)
     if args.report_only and not args.out:
@@ -444,7 +331,7 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     # where the table OUT held had it
     order = [*table_order(out), *algorithms, *sorted(set(runs) - set(algorithms))]
     text = table(runs, list(dict.fromkeys(order)))
-    from raysim.rundir import find_runs
+    from raysim.state.rundir import find_runs
 
     unfinished = find_runs(out)[1] if out.is_dir() else []
     if unfinished:  # a table of a campaign part done must say so, and how it goes on
@@ -476,6 +363,8 @@ def _without_out(argv: list[str]) -> list[str]:
 
 def configs_of(config: str, sets: list[str], algorithms: list[str], seeds: list[int]) -> list:
     """The config of each run a compare makes, algorithm by algorithm, seed by seed."""
+    from raysim.compose import for_algorithm
+
     return [  # the keys an algorithm leaves out said once, not once per seed
         for_algorithm(
             load_config(config, [*sets, f"algorithm.name={a}", f"seed={s}"]), s != seeds[0]
@@ -488,8 +377,8 @@ def configs_of(config: str, sets: list[str], algorithms: list[str], seeds: list[
 def _job(cfg: Any, out: Path, overwrite: bool, resume: bool) -> Job | None:
     """The run to do for ``cfg`` under OUT: None if ``resume`` finds it finished, a continuation
     if it finds it unfinished (refused if it was started with other settings)."""
-    from raysim import rundir
     from raysim.config import dump_config
+    from raysim.state import rundir
 
     target = out / cfg.algorithm.name / f"seed{cfg.seed}"
     stage = rundir.staging_dir(target)
@@ -531,62 +420,6 @@ def _job(cfg: Any, out: Path, overwrite: bool, resume: bool) -> Job | None:
     return Job(cfg, True)
 
 
-def for_algorithm(cfg: Any, quiet: bool = False) -> Any:
-    """The config without the ``algorithm.*`` keys its algorithm does not take, so one file can
-    carry e.g. rdpcfl's keys and still run fedavg (``raysim run`` refuses unknown keys)."""
-    from algorithms import ALGORITHMS, get_algorithm
-    from raysim.config import build_config
-
-    algorithm = get_algorithm(cfg.algorithm.name)
-    fields = set(algorithm.Params.model_fields)
-    # Only keys another algorithm takes: a typo stays, to be refused with a suggestion.
-    known = {k for a in ALGORITHMS.values() for k in a.Params.model_fields}
-    drop = [
-        f"algorithm.{k}"
-        for k in sorted(cfg.algorithm.model_extra or {})
-        if k not in fields and k in known
-    ]
-    if not algorithm.moves_models:  # e.g. local beside fedavg with a server optimizer
-        drop += cfg.algorithm.server_keys_set()
-    if not drop:
-        return cfg
-    if not quiet:
-        print(
-            f"raysim: {cfg.algorithm.name} does not take {', '.join(drop)}: left out",
-            file=sys.stderr,
-        )
-    raw = cfg.model_dump()
-    for k in drop:
-        raw["algorithm"].pop(k.removeprefix("algorithm."))
-    return build_config(raw)
-
-
-def check_budgets(runs: Sequence[tuple[str, Any]], what: str = "runs") -> None:
-    """Each (label, config) prepared (its data built, its noise calibrated) before any run
-    starts: a budget or a split it cannot meet is refused now, not after the runs before it, and
-    every such run is named in one ConfigError. In a forked child, which keeps torch out of this
-    process (Ray and the zygote come after)."""
-    from algorithms import Environment, get_algorithm
-    from raysim.experiment import prepare, prepare_apart
-
-    if not runs:
-        return
-
-    def build() -> list:
-        refused = []
-        for label, cfg in runs:
-            try:
-                prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
-            except ConfigError as exc:
-                refused.append(f"\n  {label}: {exc}")
-        if refused:
-            head = f"{len(refused)} of {len(runs)} {what} cannot start (nothing ran):"
-            raise ConfigError(head + "".join(refused))
-        return []
-
-    prepare_apart(build)
-
-
 class Job(NamedTuple):
     cfg: Any
     resuming: bool  # continue the run's staging directory (from its checkpoint, if any)
@@ -601,7 +434,7 @@ def run_all(
         return []
     if inline and parallel > 1:
         return _run_parallel(jobs, out, overwrite, parallel)
-    from raysim.runtime import zygote
+    from raysim.engine import zygote
 
     started = False
     kept: Any = contextlib.nullcontext()
@@ -625,7 +458,7 @@ def run_all(
                 except ConfigError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - named, as with --jobs: the others go on
-                    from raysim.rundir import error_text
+                    from raysim.state.rundir import error_text
 
                     label = f"{job.cfg.algorithm.name} seed {job.cfg.seed}"
                     print(f"{label} failed: {error_text(exc)}", file=sys.stderr)
@@ -641,10 +474,10 @@ def run_all(
 
 def _run_job(job: Job, out: Path, inline: bool, overwrite: bool, lines: bool = False) -> None:
     from algorithms import Environment, get_algorithm
-    from raysim.cli import run_one
-    from raysim.experiment import prepare
-    from raysim.rundir import staging_dir
-    from raysim.runtime.checkpoint import check_config, check_decodes, load_checkpoint
+    from raysim.cli.common import run_one
+    from raysim.engine.experiment import prepare
+    from raysim.state.checkpoint import check_config, check_decodes, load_checkpoint
+    from raysim.state.rundir import staging_dir
 
     cfg = job.cfg
     prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
@@ -653,6 +486,8 @@ def _run_job(job: Job, out: Path, inline: bool, overwrite: bool, lines: bool = F
     if blob is not None:  # a checkpoint of another config, or one that holds code: refused
         check_config(blob, dump_config(prep.recorded_config()), str(staging_dir(run_dir)))
         check_decodes(blob, type(prep.algorithm))
+    from raysim.runtime.inline import run_inline
+
     t0 = time.perf_counter()
     # a paper-scale inline run takes hours: it writes checkpoints as a Ray run does
     run_one(
@@ -695,7 +530,7 @@ def _run_parallel(jobs: list[Job], out: Path, overwrite: bool, parallel: int) ->
                 if proc.exitcode != 0:
                     failed.append(f"{job.cfg.algorithm.name} seed {job.cfg.seed}")
     except KeyboardInterrupt as stop:
-        from raysim.rundir import stopped_by_sigterm
+        from raysim.state.rundir import stopped_by_sigterm
 
         procs = [proc for proc, _ in running.values()]
         if not stopped_by_sigterm(stop):  # a terminal's Ctrl-C reached them too: let them end
@@ -715,7 +550,7 @@ def _run_parallel(jobs: list[Job], out: Path, overwrite: bool, parallel: int) ->
 def _run_job_apart(job: Job, out: Path, overwrite: bool) -> None:
     """``_run_job`` as a process's whole work: a failure is reported in one line and the exit
     code, an interruption quietly (the run's status says it)."""
-    from raysim.rundir import stop_on_sigterm
+    from raysim.state.rundir import stop_on_sigterm
 
     stop_on_sigterm()
     try:
@@ -723,7 +558,7 @@ def _run_job_apart(job: Job, out: Path, overwrite: bool) -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - reported, the other runs go on
-        from raysim.rundir import error_text
+        from raysim.state.rundir import error_text
 
         label = f"{job.cfg.algorithm.name} seed {job.cfg.seed}"
         print(f"{label} failed: {error_text(exc)}", file=sys.stderr, flush=True)
@@ -742,7 +577,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from raysim.rundir import stop_on_sigterm
+    from raysim.state.rundir import stop_on_sigterm
 
     stop_on_sigterm()
     sys.exit(main())

@@ -168,7 +168,7 @@ def read_status(stage: Path) -> dict:
 def _write_json(path: Path, data: dict, indent: int) -> None:
     """Whole or not at all: written beside, fsync'd, then renamed into place (the temporary
     file goes whatever fails)."""
-    from raysim.runtime.checkpoint import atomic_write
+    from raysim.state.checkpoint import atomic_write
 
     atomic_write(path, json.dumps(data, indent=indent, default=str).encode())
 
@@ -338,7 +338,7 @@ def begin(out: Path, config_text: str, rounds: int, overwrite: bool, resume: boo
     """The staging directory to run in, locked (``lock``) for this process until ``commit`` or
     ``stop``: a fresh one, or (``resume``) the existing one. The resolved config is recorded
     in the status (a run with no checkpoint yet can still tell an edited config.yaml)."""
-    from raysim.runtime.checkpoint import config_digest, config_record
+    from raysim.state.checkpoint import config_digest, config_record
 
     _refuse_links(out)
     stage = staging_dir(out)
@@ -488,7 +488,7 @@ def stop(stage: Path, exc: BaseException) -> None:
 def commit(stage: Path, out: Path) -> None:
     """Move the finished staging directory into place (rename; an old run is swapped out). The
     status goes; where the run ran (its stretches) stays, in summary.json."""
-    from raysim.runtime.checkpoint import CHECKPOINT, PREVIOUS
+    from raysim.state.checkpoint import CHECKPOINT, PREVIOUS
 
     stretches = read_status(stage).get("stretches")
     summary = stage / "summary.json"

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.aggregation import weighted_mean
 from raysim.protocol import Message, SecureSums, TrustBoundaryError
+from raysim.server.aggregation import weighted_mean
 
 
 class Reports(list):

@@ -12,11 +12,11 @@ import json
 import os
 import sys
 import time
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from raysim.cli.common import config_from_args, run_one
 from raysim.config import (
     DEMO_CONFIG,
     ConfigError,
@@ -28,22 +28,6 @@ from raysim.config import (
 from raysim.limits import check_schedule
 
 DEMO_ALGORITHMS = ("fedavg", "local", "rdpcfl")  # `raysim run` with no CONFIG: the demo
-
-
-def _config(args: argparse.Namespace, extra: Sequence[str] = ()) -> ExperimentConfig:
-    """The named config, or the demo's when none is named, with the --set overrides, without
-    the algorithm.* keys that belong to another algorithm (one file serves several)."""
-    from raysim.compare import for_algorithm
-
-    sets = list(args.set or []) + list(extra)
-    return for_algorithm(load_config(args.config or DEMO_CONFIG, sets))
-
-
-def _prepare(cfg: ExperimentConfig, dataset: Any = None):
-    from algorithms import Environment, get_algorithm
-    from raysim.experiment import prepare
-
-    return prepare(cfg, get_algorithm(cfg.algorithm.name), Environment, dataset)
 
 
 def _load_run_modules() -> None:
@@ -68,86 +52,6 @@ def _load_run_modules() -> None:
         pass
 
 
-def _progress(cfg: ExperimentConfig, label: str):
-    from tqdm import tqdm
-
-    bar = tqdm(total=cfg.rounds, desc=label, unit="round", disable=not cfg.runtime.progress)
-
-    def update(row: dict[str, Any]) -> None:
-        post = {"eps": f"{row['epsilon']:.2f}" if cfg.privacy.mode != "none" else "∞"}
-        if "accuracy" in row:
-            post["acc"] = f"{100 * row['accuracy']:.1f}%"
-        bar.set_postfix(post)
-        bar.update(row["round"] - bar.n)  # a resumed run's first row is not round 1
-
-    return bar, update
-
-
-class ProgressLines:
-    """A line now and then instead of a bar, for runs side by side in one terminal (`compare
-    --jobs N`: N bars would garble it) that take hours: each must still show that it moves, how
-    fast, and how long it has left. The rate is that of the last ``window`` rounds: a run's
-    rounds change cost as it goes (R-DPCFL's after E_c score every cluster model, ~2x), and a
-    mean over the whole run would keep promising the earlier rate for hours."""
-
-    window = 20  # two evaluation cycles at eval_every=10
-
-    def __init__(self, cfg: ExperimentConfig, label: str, every: float = 60.0):
-        self.cfg, self.label, self.every = cfg, label, every
-        self.last = time.monotonic()
-        # the last `window` rounds of this process (a resumed run's first is later)
-        self.seconds: deque[float] = deque(maxlen=self.window)
-        self.evaluated: tuple[int, float] | None = None
-
-    def update(self, row: dict[str, Any]) -> None:
-        self.seconds.append(float(row.get("round_seconds", 0.0)))
-        if "accuracy" in row:
-            self.evaluated = (row["round"], row["accuracy"])
-        done, total = row["round"], self.cfg.rounds
-        quiet = time.monotonic() - self.last < self.every and done < total
-        if quiet or not self.cfg.runtime.progress:
-            return
-        self.last = time.monotonic()
-        per_round = sum(self.seconds) / len(self.seconds)
-        parts = [f"{self.label}: round {done}/{total}", f"{per_round:.1f} s/round"]
-        if self.evaluated is not None:
-            parts.append(f"accuracy {100 * self.evaluated[1]:.1f}% at round {self.evaluated[0]}")
-        if self.cfg.privacy.mode != "none":
-            parts.append(f"eps {row['epsilon']:.2f}")
-        if done < total:
-            parts.append(f"~{(total - done) * per_round / 60:.0f} min left")
-        print(", ".join(parts), file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        pass
-
-
-def run_one(
-    prep: Any,
-    out: Path,
-    resume: bytes | None = None,
-    overwrite: bool = False,
-    label: str | None = None,
-    lines: bool = False,
-    **kw: Any,
-) -> None:
-    """``run_prepared`` with a progress bar, or with ``lines`` a line a minute (a long run must
-    show that it moves, and how fast); ``kw``: its other options."""
-    from raysim.experiment import run_prepared
-
-    cfg = prep.cfg
-    label = label or cfg.algorithm.name
-    if lines:
-        bar = ProgressLines(cfg, label)
-        update = bar.update
-    else:
-        bar, update = _progress(cfg, label)
-    try:
-        run_prepared(prep, out, on_round=update, resume=resume, overwrite=overwrite, **kw)
-    finally:
-        bar.close()
-
-
 def _print_results(dirs: Sequence[Path], plot_to: Path | None = None) -> None:
     from raysim.metrics.report import comparison_plot, comparison_table
 
@@ -158,11 +62,13 @@ def _print_results(dirs: Sequence[Path], plot_to: Path | None = None) -> None:
 
 
 def _prepare_checked(cfg: ExperimentConfig, blob: bytes | None):
-    """``_prepare``, and the checkpoint to continue decoded under the algorithm's allowlist
+    """``prepare_named``, and the checkpoint to continue decoded under the algorithm's allowlist
     (runtime.checkpoint): one holding anything else is refused here, before Ray starts."""
-    prep = _prepare(cfg)
+    from raysim.compose import prepare_named
+
+    prep = prepare_named(cfg)
     if blob is not None:
-        from raysim.runtime.checkpoint import check_decodes
+        from raysim.state.checkpoint import check_decodes
 
         check_decodes(blob, type(prep.algorithm))
     return prep
@@ -185,8 +91,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     """Continue a run from its checkpoint (in OUT.incomplete), with the config it started with.
     Before Ray starts, under the run's lock: the checkpoint is checked (format, checksums,
     decodable as data), and config.yaml must be the config the run started with."""
-    from raysim import rundir
-    from raysim.runtime.checkpoint import (
+    from raysim.state import rundir
+    from raysim.state.checkpoint import (
         CHECKPOINT,
         LEGACY,
         PREVIOUS,
@@ -222,8 +128,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _resume_locked(args: argparse.Namespace, target: Path, stage: Path) -> int:
-    from raysim import rundir
-    from raysim.runtime.checkpoint import (
+    from raysim.state import rundir
+    from raysim.state.checkpoint import (
         check_config,
         config_digest,
         config_record,
@@ -233,7 +139,7 @@ def _resume_locked(args: argparse.Namespace, target: Path, stage: Path) -> int:
     status = rundir.unfinished(stage)
     if target.exists() and not (args.overwrite or rundir.read_status(stage).get("overwrite")):
         rundir.check_target(target, overwrite=False)  # started without --overwrite: refuse
-    from raysim.experiment import prepare_apart
+    from raysim.engine.experiment import prepare_apart
 
     sets = list(args.set or [])
     saved = (stage / "config.yaml").read_text()
@@ -279,8 +185,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def run_experiments(args: argparse.Namespace) -> list[Path]:
     """`raysim run` (not ``--resume``): the run directories it wrote, one per algorithm."""
-    from raysim import rundir
-    from raysim.experiment import prepare_apart
+    from raysim.compose import prepare_named
+    from raysim.engine.experiment import prepare_apart
+    from raysim.state import rundir
 
     rundir.out_flag(args.out)
     if args.out:
@@ -314,8 +221,8 @@ def run_experiments(args: argparse.Namespace) -> list[Path]:
     def build() -> list[Any]:
         """Every config, prepared: every user mistake surfaces here, before Ray starts. Apart
         from this process (a forked child), which so never imports torch (docs/speed.md)."""
-        named_configs = [_config(args, [f"algorithm.name={a}"]) for a in algorithms]
-        return [_prepare(cfg) for cfg in named_configs or [_config(args)]]
+        named_configs = [config_from_args(args, [f"algorithm.name={a}"]) for a in algorithms]
+        return [prepare_named(cfg) for cfg in named_configs or [config_from_args(args)]]
 
     preps = prepare_apart(build, meanwhile=_load_run_modules)
     configs = [prep.cfg for prep in preps]
@@ -358,10 +265,10 @@ def run_experiments(args: argparse.Namespace) -> list[Path]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from raysim import rundir
     from raysim.audit.report import audit_line
     from raysim.metrics.html_report import check_out, output_path, write_report
     from raysim.metrics.results import load_run
+    from raysim.state import rundir
 
     fmt = args.format
     if fmt == "html":
@@ -419,20 +326,20 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_data(args: argparse.Namespace) -> int:
     from raysim.data import describe
-    from raysim.experiment import build_dataset
+    from raysim.engine.experiment import build_dataset
 
     if args.data_command == "export":
         out = Path(args.out)
         check_export(out, args.overwrite)  # before the data is built
-        return _export(build_dataset(_config(args)), out, args.overwrite)
-    print(describe(build_dataset(_config(args))))
+        return _export(build_dataset(config_from_args(args)), out, args.overwrite)
+    print(describe(build_dataset(config_from_args(args))))
     return 0
 
 
 def check_export(out: Path, overwrite: bool) -> None:
     """``data export --out``: an .npz file in an existing directory of the user's, replaced
     only with ``--overwrite``."""
-    from raysim.rundir import check_place
+    from raysim.state.rundir import check_place
 
     if out.suffix != ".npz":
         raise ConfigError(f"--out: an .npz file, got {str(out)!r}")
@@ -480,18 +387,19 @@ def _export(population: Any, out: Path, overwrite: bool = False) -> int:
 
 
 def cmd_privacy(args: argparse.Namespace) -> int:
-    from raysim.privacy_report import format_report, privacy_report
+    from raysim.compose import prepare_named
+    from raysim.privacy.report import format_report, privacy_report
 
-    cfg = _config(args)
-    report = privacy_report(_prepare(cfg), schedule=args.json)
-    from raysim.rundir import json_safe  # JSON has no Infinity (eps without DP): null
+    cfg = config_from_args(args)
+    report = privacy_report(prepare_named(cfg), schedule=args.json)
+    from raysim.state.rundir import json_safe  # JSON has no Infinity (eps without DP): null
 
     print(json.dumps(json_safe(report), allow_nan=False) if args.json else format_report(report))
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from raysim.catalog import listing
+    from raysim.cli.catalog import listing
 
     print(listing(args.kind))
     return 0
@@ -499,7 +407,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     from raysim import __version__
-    from raysim.catalog import KINDS
+    from raysim.cli.catalog import KINDS
 
     p = argparse.ArgumentParser(prog="raysim", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"raysim {__version__}")
@@ -568,8 +476,8 @@ def parser() -> argparse.ArgumentParser:
     lst.add_argument("kind", choices=KINDS)
     lst.set_defaults(func=cmd_list)
 
-    from raysim.attacks.cli import add_attack_parser
-    from raysim.audit.cli import add_audit_parser
+    from raysim.cli.attack import add_attack_parser
+    from raysim.cli.audit import add_audit_parser
     from tune.sweep import add_sweep_parser
 
     add_attack_parser(sub)
@@ -581,7 +489,7 @@ def parser() -> argparse.ArgumentParser:
 def full_parser() -> argparse.ArgumentParser:
     """``parser()`` with ``compare``'s own options in place of its stub (``compare`` parses its
     arguments itself): what the reference page and shell completion describe."""
-    from raysim.compare import parser as compare_parser
+    from raysim.cli.compare import parser as compare_parser
 
     top = parser()
     for action in top._actions:  # argparse keeps its subparsers here (no public accessor)
@@ -613,8 +521,8 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["compare"]:  # its own parser and error handling: raysim/compare.py
-        from raysim.compare import main as compare_main
+    if argv[:1] == ["compare"]:  # its own parser and error handling: raysim/cli/compare.py
+        from raysim.cli.compare import main as compare_main
 
         return compare_main(argv[1:])
     args = parser().parse_args(argv)
@@ -628,18 +536,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - a failure of the run, not of the input
         from raysim.config import shorten
-        from raysim.rundir import error_text
+        from raysim.state.rundir import error_text
 
         print(f"raysim: run failed: {shorten(error_text(exc))}", file=sys.stderr)
         return 1
 
 
 def entry() -> None:
-    """The `raysim` command (and `python -m raysim.cli`). It leaves without tearing the
+    """The `raysim` command (and `python -m raysim.cli.main`). It leaves without tearing the
     interpreter down, which takes ~1 s once torch and Ray are loaded: when `main` returns,
     everything is written and moved into place, so only a connection to a cluster and the
     standard streams are left to close."""
-    from raysim.rundir import stop_on_sigterm
+    from raysim.state.rundir import stop_on_sigterm
 
     stop_on_sigterm()
     code = main()

@@ -58,8 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from raysim.modes.base import client_releases, released_fields
 from raysim.privacy import Released
+from raysim.privacy.modes.base import client_releases, released_fields
 from raysim.protocol import Charge, ClientReport, ClientTask
 
 RELATIVE_TOLERANCE = 1e-9  # float rounding of a parameter computed twice

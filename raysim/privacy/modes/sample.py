@@ -22,15 +22,15 @@ from typing import Any
 import numpy as np
 
 from raysim import privacy as privacy_lib
-from raysim.modes.base import (
+from raysim.privacy import Phase, Released, exponential_select
+from raysim.privacy.modes.base import (
     PrivacyMode,
     client_releases,
     group_releases,
     refuse,
     released_fields,
 )
-from raysim.planning import SampleLevelPlan
-from raysim.privacy import Phase, Released, exponential_select
+from raysim.privacy.planning import SampleLevelPlan
 from raysim.protocol import Charge, ClientReport
 from raysim.training import sampling_plan
 

@@ -33,10 +33,10 @@ from raysim.metrics.evaluation import (
     clustering_metrics,
     grouping_metrics,
 )
-from raysim.modes.secure import secure_noise_rng
 from raysim.privacy.metric_ledger import MetricLedger
+from raysim.privacy.modes.secure import secure_noise_rng
+from raysim.privacy.sampling import dropout_rates, unavailable
 from raysim.protocol import Aborted, ClientTask, EvalReport, RoundPlan
-from raysim.sampling import dropout_rates, unavailable
 from raysim.seeding import SERVER, numpy_rng
 
 # The ledger's accountant, loaded in the background while round 1 trains (once a process)
@@ -107,7 +107,7 @@ class RoundLoop:
         execute: Execute,
         client_seed: int | None = None,
     ) -> None:
-        """``mode``: the run's privacy mode (``raysim.modes``), the engine's: it stamps each
+        """``mode``: the run's privacy mode (``raysim.privacy.modes``), the engine's: it stamps each
         plan, admits the reports and hands the server step its view. ``client_seed``: the
         clients' seed, where an untrusted server's clients run in this process (the library's
         inline loop): the secure sums' noise is drawn from it here. Elsewhere the sums come
@@ -280,14 +280,14 @@ class RoundLoop:
         (``runtime.checkpoint.encode_state``). Random generators need no saving: every draw is
         keyed by (seed, round, client, purpose), so round r+1 after a restore draws exactly what
         it would have drawn in an uninterrupted run."""
-        from raysim.runtime.checkpoint import encode_state
+        from raysim.state.checkpoint import encode_state
 
         return encode_state({k: getattr(self, k) for k in CHECKPOINT_FIELDS})
 
     def restore(self, blob: bytes) -> tuple[int, list[dict[str, Any]]]:
         """Continue from a snapshot; returns the last completed round and the history so far.
         Decoded under the allowlist of this run's algorithm: nothing else is loaded."""
-        from raysim.runtime.checkpoint import decode_state
+        from raysim.state.checkpoint import decode_state
 
         saved = decode_state(blob, type(self.algorithm))
         judge = self.judge

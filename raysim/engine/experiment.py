@@ -13,11 +13,9 @@ import multiprocessing
 import os
 import pickle
 import secrets
-import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,11 +23,11 @@ import numpy as np
 from raysim import privacy as privacy_lib
 from raysim.config import ConfigError, ExperimentConfig, with_client_seed
 from raysim.data import FederatedDataset, build_federated_dataset
+from raysim.engine import zygote
+from raysim.engine.sealed import Sealed
 from raysim.limits import check_schedule
 from raysim.metrics.tracking import check_available as check_tracking
 from raysim.privacy import BudgetError, PrivacyConfigError
-from raysim.runtime import zygote
-from raysim.runtime.sealed import Sealed
 
 if TYPE_CHECKING:
     import torch
@@ -46,7 +44,7 @@ class Prepared:
     # the seed of the clients' own draws where the server is untrusted (None: the run's seed
     # serves them): the experimenter's, for the clients; ``cfg`` (the server's) has none
     client_seed: int | None = None
-    # the privacy mode (``raysim.modes``), calibrated: the engine's, never the algorithm's
+    # the privacy mode (``raysim.privacy.modes``), calibrated: the engine's, never the algorithm's
     # (Sealed when prepared apart)
     mode: Any = None
 
@@ -160,7 +158,7 @@ def prepare(
         num_classes=int(ds.num_classes),
         ground_truth=np.asarray(ds.true_cluster) if oracle else None,
     )
-    from raysim.modes import make_mode
+    from raysim.privacy.modes import make_mode
 
     try:
         algorithm = algorithm_cls(env)
@@ -178,7 +176,7 @@ def check_supports(cfg: ExperimentConfig, algorithm_cls: Any) -> None:
     """The algorithm declares the modes it runs under (``privacy_modes``; a mode of one's own
     runs where the built-in mode it serves as is declared); the engine, which owns the mode,
     refuses any other before anything is built."""
-    from raysim.modes import mode_class
+    from raysim.privacy.modes import mode_class
 
     allowed = getattr(algorithm_cls, "privacy_modes", ())
     if mode_class(cfg.privacy.mode).contract() not in allowed:
@@ -192,7 +190,7 @@ def server_view(cfg: ExperimentConfig) -> ExperimentConfig:
     """The config as the algorithm (the server's code) holds it: under a mode whose server is
     untrusted, without the data config (``protocol.HiddenData``), from which the run's seed would
     rebuild every client's rows and the true clusters."""
-    from raysim.modes import mode_class
+    from raysim.privacy.modes import mode_class
     from raysim.protocol import HiddenData
 
     if mode_class(cfg.privacy.mode).trusted_server:
@@ -222,7 +220,7 @@ def prepare_apart(
     build: Callable[[], list[Prepared]], meanwhile: Callable[[], Any] | None = None
 ) -> list[Prepared]:
     """``build()`` (configs and ``prepare``) in a forked child process. What comes back holds the
-    algorithm and the model spec sealed (raysim.runtime.sealed), so this process never imports
+    algorithm and the model spec sealed (raysim.engine.sealed), so this process never imports
     torch: ~150 MiB kept out of `raysim run`'s driver for the whole run. A ConfigError is raised
     here as itself. In-process where it would gain nothing (torch already loaded here), where Ray
     runs in this process (forking its threads is unsafe), and off Linux (no safe fork).
@@ -338,65 +336,3 @@ def _unpickle_shared(payload: tuple[bytes, list[tuple[int, int]]], fd: int | Non
     size = os.fstat(fd).st_size
     view = memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_COPY))
     return pickle.loads(body, buffers=[view[o : o + n] for o, n in spans])
-
-
-def run_prepared(
-    prep: Prepared,
-    out_dir: Path,
-    on_round: Callable[[dict], None] | None = None,
-    resume: bytes | None = None,
-    overwrite: bool = False,
-    resuming: bool | None = None,
-    session: Callable[..., dict] | None = None,
-):
-    """Run and write the results into ``OUT.incomplete`` (config.yaml first, metrics.parquet and
-    the checkpoint as rounds finish), then move it to ``out_dir`` (raysim.rundir). A run that
-    stops is marked in its status.json and `raysim run --resume out_dir` continues it; an
-    existing ``out_dir`` is refused unless ``overwrite`` (ConfigError). ``resuming`` (default:
-    a checkpoint is given) continues the existing staging directory. ``session`` runs the rounds
-    (default: ``runtime.session.run_session``, on Ray; ``raysim compare --inline`` passes its
-    in-process loop), called as ``session(prep, on_round=, out_dir=, resume=)``. With
-    ``tracking.backend`` set, the run is also logged there (raysim.metrics.tracking)."""
-    from raysim import rundir
-    from raysim.config import dump_config
-    from raysim.metrics.results import write_results
-    from raysim.metrics.tracking import RunTracking, make_tracker
-    from raysim.runtime.session import run_session
-
-    stage = rundir.begin(
-        out_dir,
-        dump_config(prep.recorded_config()),
-        prep.cfg.rounds,
-        overwrite,
-        resume=resume is not None if resuming is None else resuming,
-    )
-    tracking = None
-    try:
-        tracker = make_tracker(prep.cfg, out_dir, stage)
-        if tracker is not None:
-            tracking = RunTracking(tracker, prep.recorded_config())
-            on_round = tracking.on_round(on_round)
-        results = (session or run_session)(prep, on_round=on_round, out_dir=stage, resume=resume)
-        write_results(stage, prep, results)
-        if tracking is not None:  # closed before the rename: its files move with the run
-            tracking.finish(results["history"], stage)
-            tracking = None
-        rundir.commit(stage, out_dir)
-    except ConfigError as exc:  # refused before a round ran (e.g. workers that cannot fit)
-        if tracking is not None:
-            tracking.fail(exc)
-        if not (stage / "metrics.parquet").exists() and resume is None:
-            shutil.rmtree(stage)
-            rundir.release(stage)
-        else:
-            rundir.stop(stage, exc)
-        raise
-    except BaseException as exc:  # the status says why; the lock is given back
-        if tracking is not None:
-            tracking.fail(exc)
-        if stage.is_dir():
-            rundir.stop(stage, exc)
-        else:
-            rundir.release(stage)
-        raise
-    return results

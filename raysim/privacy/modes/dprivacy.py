@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.modes.base import PrivacyMode, refuse
 from raysim.privacy import MetricLeakage, Released, d_privacy_epsilon, laplace_euclidean
 from raysim.privacy.metric_ledger import MetricLedger
+from raysim.privacy.modes.base import PrivacyMode, refuse
 from raysim.protocol import ClientReport
 
 

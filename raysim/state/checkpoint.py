@@ -43,6 +43,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raysim.config import ConfigError
@@ -55,23 +56,36 @@ FORMAT, VERSION = "raysim-checkpoint", 1
 # the engine's modules whose classes a checkpoint may hold (the state of the loop, the ledgers,
 # the privacy modes, the configs): every class defined in one of them, none imported into them
 ENGINE_MODULES = (
-    "raysim.aggregation",
+    "raysim.server.aggregation",
     "raysim.config",
     "raysim.metrics.evaluation",
-    "raysim.modes.base",
-    "raysim.modes.client",
-    "raysim.modes.distributed",
-    "raysim.modes.dprivacy",
-    "raysim.modes.none",
-    "raysim.modes.sample",
-    "raysim.modes.secure",
-    "raysim.planning",
+    "raysim.privacy.modes.base",
+    "raysim.privacy.modes.client",
+    "raysim.privacy.modes.distributed",
+    "raysim.privacy.modes.dprivacy",
+    "raysim.privacy.modes.none",
+    "raysim.privacy.modes.sample",
+    "raysim.privacy.modes.secure",
+    "raysim.privacy.planning",
     "raysim.privacy.distributed",
     "raysim.privacy.ledger",
     "raysim.privacy.metric_ledger",
     "raysim.protocol",
-    "raysim.rebalancing",
+    "raysim.server.rebalancing",
 )
+
+
+# where the engine's state classes were before the engine, privacy and server folders: a checkpoint
+# written then names them there, and resumes as one written now
+MOVED_MODULES = {
+    "raysim.aggregation": "raysim.server.aggregation",
+    "raysim.rebalancing": "raysim.server.rebalancing",
+    "raysim.planning": "raysim.privacy.planning",
+    **{
+        f"raysim.modes.{m}": f"raysim.privacy.modes.{m}"
+        for m in ("base", "client", "distributed", "dprivacy", "none", "sample", "secure")
+    },
+}
 
 
 class CheckpointError(ConfigError):
@@ -165,8 +179,14 @@ def allowed_globals(algorithm: type | None = None) -> list[Any]:
     from dp_accounting.privacy_accountant import NeighboringRelation
     from numpy._core.multiarray import _reconstruct, scalar
 
+    moved = [
+        (cls, f"{old}.{cls.__qualname__}")
+        for old, new in MOVED_MODULES.items()
+        for cls in _classes_of([new])
+    ]
     return [
         *_classes_of(modules),
+        *moved,
         *dtypes,
         np.ndarray,
         np.dtype,
@@ -466,13 +486,18 @@ def damaged(path: Path, why: str) -> str:
 
 def write_partial_metrics(run_dir: Path, rows: list[dict[str, Any]]) -> None:
     """metrics.parquet with the rounds done so far (the final write replaces it)."""
-    from raysim.metrics.results import _table
-
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / "metrics.parquet.tmp"
     try:
-        pq.write_table(_table(rows), tmp)
+        pq.write_table(rows_table(rows), tmp)
         os.replace(tmp, run_dir / "metrics.parquet")
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def rows_table(rows: list[dict[str, Any]]) -> pa.Table:
+    keys: list[str] = []
+    for row in rows:  # union of keys, first-seen order: evaluation rows have more columns
+        keys += [k for k in row if k not in keys]
+    return pa.table({k: [row.get(k) for row in rows] for k in keys})

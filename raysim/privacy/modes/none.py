@@ -1,6 +1,6 @@
 """``privacy.mode: none``: no DP; the server sees every report as it is."""
 
-from raysim.modes.base import PrivacyMode
+from raysim.privacy.modes.base import PrivacyMode
 
 
 class NoPrivacy(PrivacyMode):

@@ -39,21 +39,6 @@ import numpy as np
 import torch
 
 from raysim import privacy as privacy_lib
-from raysim.modes.base import (
-    ExtraField,
-    PrivacyMode,
-    client_releases,
-    group_releases,
-    refuse,
-)
-from raysim.modes.secure import (
-    SecureAggregator,
-    SecureSpec,
-    client_noise_share,
-    contribution_sensitivity,
-)
-from raysim.modes.view import SecureReports
-from raysim.planning import refuse_over_budget
 from raysim.privacy import (
     BudgetError,
     PrivacyConfigError,
@@ -71,6 +56,21 @@ from raysim.privacy.distributed import (
     unamplified_epsilon,
 )
 from raysim.privacy.events import dp_event
+from raysim.privacy.modes.base import (
+    ExtraField,
+    PrivacyMode,
+    client_releases,
+    group_releases,
+    refuse,
+)
+from raysim.privacy.modes.secure import (
+    SecureAggregator,
+    SecureSpec,
+    client_noise_share,
+    contribution_sensitivity,
+)
+from raysim.privacy.modes.view import SecureReports
+from raysim.privacy.planning import refuse_over_budget
 from raysim.protocol import (
     Aborted,
     Charge,

@@ -13,7 +13,22 @@ from typing import Any
 import numpy as np
 
 from raysim.privacy import PrivacyLedger
-from raysim.sampling import dropout_rates, report_count_pmf
+from raysim.privacy.sampling import dropout_rates, report_count_pmf
+
+# what each eps holds under, where a run has both (distributed: the noise-cohort eps assumes the
+# cohort's participation is hidden from the server; the other is the same noise, no sampling)
+AMPLIFIED_LABEL = "noise-cohort, participation hidden"
+UNAMPLIFIED_LABEL = "no amplification"
+EPSILON_LABELS = {
+    "epsilon": f"{AMPLIFIED_LABEL}: amplified by Poisson sampling at noise_cohort_size/population",
+    "epsilon_unamplified": f"{UNAMPLIFIED_LABEL}: the same noise, every secure sum composed "
+    "(what holds where the server sees who took part)",
+}
+
+
+def both_epsilons(eps: str, unamplified: str) -> str:
+    """A distributed run's two eps, already formatted, each labelled with what it assumes."""
+    return f"{eps} ({AMPLIFIED_LABEL}) / {unamplified} ({UNAMPLIFIED_LABEL})"
 
 
 def privacy_report(prep: Any, schedule: bool = True) -> dict[str, Any]:
@@ -49,7 +64,9 @@ def privacy_report(prep: Any, schedule: bool = True) -> dict[str, Any]:
             ledger.charge(r, charge.clients, charge.mechanism, charge.event, charge.params)
         for n, client in groups.items():
             per_round[f"train_size={n}"].append(ledger.epsilon(client))
-    if np.any(cfg.training.client_dropout):  # raysim.sampling.unavailable: why this is sound
+    if np.any(
+        cfg.training.client_dropout
+    ):  # raysim.privacy.sampling.unavailable: why this is sound
         out["client_dropout"] = (
             f"{cfg.training.client_dropout}: accounted as if every sampled client reported "
             "(unavailable clients only spend less)"
@@ -69,7 +86,7 @@ def privacy_report(prep: Any, schedule: bool = True) -> dict[str, Any]:
 def _short_of_shares(prep: Any) -> str | None:
     """Under per-client noise shares, how often a round has fewer members than the shares were
     sized for (``privacy.dropout_tolerance``) and so is topped up or aborted
-    (``privacy.shortfall``), in closed form (raysim.sampling.report_count_pmf)."""
+    (``privacy.shortfall``), in closed form (raysim.privacy.sampling.report_count_pmf)."""
     cfg, mode = prep.cfg, prep.mode
     if cfg.privacy.mode != "distributed" or cfg.privacy.noise_source != "clients":
         return None
@@ -108,8 +125,6 @@ def format_report(report: dict[str, Any]) -> str:
     eps = _fmt(report["epsilon"])
     unamplified = report.get("planned_epsilon_unamplified")
     if unamplified is not None:  # distributed: both, each with what it assumes
-        from raysim.metrics.results import both_epsilons
-
         eps = both_epsilons(eps, _fmt(unamplified))
     lines = [
         f"privacy.mode {report['mode']}: eps {eps} at delta "

@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]  # a checkout's root: configs/ and tune/sweeps/
+ROOT = Path(__file__).resolve().parents[2]  # a checkout's root: configs/ and tune/sweeps/
 KINDS = ("algorithms", "modes", "datasets", "configs", "sweeps")
 WIDTH = 100
 
@@ -56,7 +56,7 @@ def entries(kind: str) -> list[tuple[str, str]]:
 
         return [(name, _doc_of(cls)) for name, cls in ALGORITHMS.items()]
     if kind == "modes":
-        from raysim.modes import MODES
+        from raysim.privacy.modes import MODES
 
         return [(name, _doc_of(cls)) for name, cls in MODES.items()]
     if kind == "datasets":

@@ -4,8 +4,8 @@ step, add the metrics judged on the clients' side, checkpoint, write the metrics
 ``raysim run`` drives the coordinator actor with it (``runtime.session``: the steps are Ray
 calls, the next round asked for before this one's files are written, and a lost actor restarted
 from the checkpoint ``Progress`` keeps); ``raysim compare --inline`` drives the in-process
-``RoundLoop`` (``compare.run_inline``: the same calls, answered at once). Either one's checkpoint
-continues the other's run.
+``RoundLoop`` (``runtime.inline.run_inline``: the same calls, answered at once). Either one's
+checkpoint continues the other's run.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from raysim.runtime.checkpoint import (
+from raysim.metrics.evaluation import Judge
+from raysim.state.checkpoint import (
     checkpoint_due,
     join_checkpoint,
     save_checkpoint,
     split_checkpoint,
     write_partial_metrics,
 )
-from raysim.runtime.client_side import add_judged, read_snapshot
 
 
 class Rounds(Protocol):
@@ -129,3 +129,39 @@ def drive(
             on_round(row)
         if last:
             break
+
+
+class Snapshot(NamedTuple):
+    """A ``ClientSide.snapshot``: the clients' states; what decided each client's output, per
+    kind, client and round; the members of each round summed; the judge and what it judged,
+    by round."""
+
+    states: dict[int, Any]
+    served: dict[str, dict[int, dict[int, bytes]]]
+    summed: dict[int, tuple[int, ...]]
+    judge: Judge | None = None
+    judged: dict[int, dict[str, Any]] = {}
+
+
+def read_snapshot(blob: bytes) -> Snapshot:
+    """One written before the clients kept what they released holds the states alone (and one
+    before they kept the sums, no sums; before they judged, no judge)."""
+    from raysim.state.checkpoint import decode_state
+
+    snap = decode_state(blob)
+    if "states" in snap:
+        return Snapshot(
+            snap["states"],
+            snap["served"],
+            snap.get("summed", {}),
+            snap.get("judge"),
+            snap.get("judged", {}),
+        )
+    return Snapshot(snap, {}, {})
+
+
+def add_judged(rows: list[dict[str, Any]], judged: dict[int, dict[str, Any]]) -> None:
+    """The metrics judged on the clients' side into the round loop's rows (restored from a
+    checkpoint, whose server never held them), by round."""
+    for row in rows:
+        row.update(judged.get(row["round"], {}))

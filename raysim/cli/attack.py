@@ -77,7 +77,7 @@ def cmd_attack_dlg(args: argparse.Namespace) -> int:
     if root is not None and not root.is_dir():  # none is made
         why = "is not a directory" if root.exists() else "does not exist"
         raise ConfigError(f"--data-root {args.data_root!r} {why}")
-    from raysim.rundir import out_flag
+    from raysim.state.rundir import out_flag
 
     out = (
         Path(args.out)
@@ -110,7 +110,7 @@ def cmd_attack_dlg(args: argparse.Namespace) -> int:
 def check_out(out: Path, overwrite: bool) -> None:
     """Refused before the grid runs: an --out in a system directory, that is a file, holds
     anything but an attack's results, or holds an attack's results without --overwrite."""
-    from raysim.rundir import check_place
+    from raysim.state.rundir import check_place
 
     check_place(out)
     if out.exists() and not out.is_dir():

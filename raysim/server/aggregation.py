@@ -1,5 +1,5 @@
 """Server-side aggregation building blocks, shared by every algorithm (the noisy sums of
-client-level DP belong to its privacy mode: ``raysim.modes.client``)."""
+client-level DP belong to its privacy mode: ``raysim.privacy.modes.client``)."""
 
 from __future__ import annotations
 

@@ -59,15 +59,14 @@ CANARY_CLIENT_ROWS: list[tuple[str, list[str], tuple[float, ...]]] = [
 
 
 def full_table(runs: int = 20_000, budgets: tuple[float, ...] = (2.0, 8.0)) -> list[AuditResult]:
-    from raysim.cli import _prepare
-    from raysim.compare import for_algorithm
+    from raysim.compose import for_algorithm, prepare_named
     from raysim.config import load_config
 
     out = []
     for _, sets, participation in ROWS:
         for eps in budgets:
             cfg = for_algorithm(load_config(CONFIG, [*sets, f"privacy.epsilon={eps}"]))
-            result, _ = audit(_prepare(cfg), runs=runs, seed=0, participation=participation)
+            result, _ = audit(prepare_named(cfg), runs=runs, seed=0, participation=participation)
             out.append(result)
     return out
 
@@ -87,8 +86,7 @@ def markdown(results: list[AuditResult]) -> str:
 def black_box_table(client_seed: int = 0) -> list[AuditResult]:
     """The black-box rows (``--adversary black-box``, default canaries, audit seed 0)."""
     from raysim.audit.blackbox import blackbox_audit
-    from raysim.cli import _prepare
-    from raysim.compare import for_algorithm
+    from raysim.compose import for_algorithm, prepare_named
     from raysim.config import load_config
 
     out = []
@@ -98,7 +96,7 @@ def black_box_table(client_seed: int = 0) -> list[AuditResult]:
             if sets != ["privacy.mode=none"]:  # none: the run's seed serves the clients
                 extra.append(f"privacy.client_seed={client_seed}")
             cfg = for_algorithm(load_config(CONFIG, [*sets, *BLACK_BOX_TRAIN, *extra]))
-            out.append(blackbox_audit(cfg, _prepare, seed=0)[0])
+            out.append(blackbox_audit(cfg, prepare_named, seed=0)[0])
     return out
 
 
@@ -106,8 +104,7 @@ def canary_client_table(seed: int = 0) -> list[AuditResult]:
     """The canary-client rows (``--adversary black-box``, 500 canary clients, audit ``seed``;
     the clients' seed 0 under distributed, whose noise it draws)."""
     from raysim.audit.blackbox import blackbox_audit
-    from raysim.cli import _prepare
-    from raysim.compare import for_algorithm
+    from raysim.compose import for_algorithm, prepare_named
     from raysim.config import load_config
 
     out = []
@@ -117,7 +114,7 @@ def canary_client_table(seed: int = 0) -> list[AuditResult]:
             if "privacy.mode=distributed" in sets:
                 extra.append("privacy.client_seed=0")
             cfg = for_algorithm(load_config(CONFIG, [*sets, *BLACK_BOX_TRAIN, *extra]))
-            out.append(blackbox_audit(cfg, _prepare, seed=seed)[0])
+            out.append(blackbox_audit(cfg, prepare_named, seed=seed)[0])
     return out
 
 
