@@ -99,6 +99,7 @@ def test_a_crafted_checkpoint_never_runs(run, tmp_path, capsys, no_run, where):
     assert ("pickle" if where != "nested" else "does not load") in err
     if where == "nested":
         assert "system" in err  # the global it named
+        assert str(stage / CHECKPOINT) in err  # and the file it is in
     assert (stage / "status.json").read_text() == before  # not marked failed
 
 

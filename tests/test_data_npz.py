@@ -246,3 +246,18 @@ def test_export_refuses_a_path_that_is_not_an_npz_file(tmp_path, capsys):
     assert main(["data", "export", "--out", str(tmp_path / "no" / "pop.npz")]) == 2
     err = capsys.readouterr().err
     assert "--out: an .npz file" in err and "does not exist" in err
+
+
+def test_a_full_disk_fails_the_export_by_its_name_and_leaves_no_file(tmp_path, capsys, monkeypatch):
+    """A failure of the export (here, the disk full) says what failed (not "run failed"),
+    exits 1, and leaves neither the target nor a partial file."""
+    import errno
+
+    def full(*args, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", full)
+    assert main(["data", "export", "--out", str(tmp_path / "pop.npz")]) == 1
+    err = capsys.readouterr().err
+    assert "raysim: data export failed:" in err and "No space left" in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -485,7 +485,7 @@ def _run_job(job: Job, out: Path, inline: bool, overwrite: bool, lines: bool = F
     blob = load_checkpoint(staging_dir(run_dir)) if job.resuming else None
     if blob is not None:  # a checkpoint of another config, or one that holds code: refused
         check_config(blob, dump_config(prep.recorded_config()), str(staging_dir(run_dir)))
-        check_decodes(blob, type(prep.algorithm))
+        check_decodes(blob, type(prep.algorithm), staging_dir(run_dir))
     from raysim.runtime.inline import run_inline
 
     t0 = time.perf_counter()

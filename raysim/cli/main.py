@@ -61,16 +61,17 @@ def _print_results(dirs: Sequence[Path], plot_to: Path | None = None) -> None:
         print(f"plot: {plot_to}", file=sys.stderr)
 
 
-def _prepare_checked(cfg: ExperimentConfig, blob: bytes | None):
-    """``prepare_named``, and the checkpoint to continue decoded under the algorithm's allowlist
-    (runtime.checkpoint): one holding anything else is refused here, before Ray starts."""
+def _prepare_checked(cfg: ExperimentConfig, blob: bytes | None, stage: Path):
+    """``prepare_named``, and the checkpoint to continue (in ``stage``) decoded under the
+    algorithm's allowlist (state.checkpoint): one holding anything else is refused here, naming
+    its file, before Ray starts."""
     from raysim.compose import prepare_named
 
     prep = prepare_named(cfg)
     if blob is not None:
         from raysim.state.checkpoint import check_decodes
 
-        check_decodes(blob, type(prep.algorithm))
+        check_decodes(blob, type(prep.algorithm), stage)
     return prep
 
 
@@ -164,7 +165,7 @@ def _resume_locked(args: argparse.Namespace, target: Path, stage: Path) -> int:
             f"({', '.join(keys) or 'its checksum'}): put the old values back to continue, or "
             "start a new run for the new ones"
         )
-    build = lambda: [_prepare_checked(load_config(stage / "config.yaml", sets), blob)]  # noqa: E731
+    build = lambda: [_prepare_checked(load_config(stage / "config.yaml", sets), blob, stage)]  # noqa: E731
     prep = prepare_apart(build, meanwhile=_load_run_modules)[0]
     if blob is None:
         print(f"raysim: {stage} has no checkpoint: starting from round 1", file=sys.stderr)
@@ -538,7 +539,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from raysim.config import shorten
         from raysim.state.rundir import error_text
 
-        print(f"raysim: run failed: {shorten(error_text(exc))}", file=sys.stderr)
+        what = " ".join(w for w in (argv[0], getattr(args, "data_command", None)) if w)
+        print(f"raysim: {what} failed: {shorten(error_text(exc))}", file=sys.stderr)
         return 1
 
 

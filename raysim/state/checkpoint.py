@@ -351,13 +351,25 @@ def clients_seed_of(blob: bytes, run_seed: int) -> int:
     return run_seed if seed is None else seed
 
 
-def check_decodes(blob: bytes, algorithm: type | None) -> None:
+def check_decodes(blob: bytes, algorithm: type | None, run_dir: Path | None = None) -> None:
     """Decode every part of ``blob`` under the allowlist: a part that names anything else is
-    refused here (CheckpointError) rather than in the coordinator, after Ray started."""
-    loop, clients, _ = split_checkpoint(blob)
-    decode_state(loop, algorithm)  # type: ignore[arg-type]
-    if clients is not None:
-        decode_state(clients, algorithm)
+    refused here (CheckpointError, naming the file ``load_checkpoint(run_dir)`` read) rather
+    than in the coordinator, after Ray started."""
+    try:
+        loop, clients, _ = split_checkpoint(blob)
+        decode_state(loop, algorithm)  # type: ignore[arg-type]
+        if clients is not None:
+            decode_state(clients, algorithm)
+    except CheckpointError as exc:
+        if run_dir is None:
+            raise
+        raise CheckpointError(f"{newest_checkpoint(run_dir)}: {exc}") from None
+
+
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint file ``load_checkpoint`` reads: the newest, else the previous one."""
+    new, prev = run_dir / CHECKPOINT, run_dir / PREVIOUS
+    return new if new.is_file() else prev if prev.is_file() else None
 
 
 def check_config(blob: bytes, config_text: str, where: str) -> None:
@@ -451,8 +463,7 @@ def load_checkpoint(run_dir: Path) -> bytes | None:
     """The run's newest checkpoint, checked (``read_header``), or None where it has none.
     A damaged one is refused with the way to the previous one; where only the previous one is
     there (the newest was moved aside, as that way says), the previous one is taken."""
-    new, prev = run_dir / CHECKPOINT, run_dir / PREVIOUS
-    path = new if new.is_file() else prev if prev.is_file() else None
+    path = newest_checkpoint(run_dir)
     if path is None:
         if (run_dir / LEGACY).is_file():
             raise CheckpointError(
@@ -467,8 +478,8 @@ def load_checkpoint(run_dir: Path) -> bytes | None:
     except (CheckpointError, OSError) as exc:
         why = exc if isinstance(exc, CheckpointError) else os.strerror(exc.errno or errno.EIO)
         raise CheckpointError(damaged(path, str(why))) from None
-    if path == prev:
-        print(f"raysim: {new.name} is missing: continuing from {prev}", file=sys.stderr)
+    if path.name == PREVIOUS:
+        print(f"raysim: {CHECKPOINT} is missing: continuing from {path}", file=sys.stderr)
     return blob
 
 
