@@ -252,3 +252,24 @@ def test_an_interrupted_compares_hint_replaces_its_out_and_adds_resume():
 
     argv = ["c.yaml", "--out", "x", "--overwrite", "--out=y", "--resume", "--seeds", "0,1"]
     assert _without_out(argv) == ["c.yaml", "--seeds", "0,1"]
+
+
+def test_a_reader_that_leaves_early_is_not_a_failure():
+    """`raysim list | head -1`: the pipe closes before raysim has written; the command ends
+    quietly as a shell reports SIGPIPE (141), without "failed" or a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write
+    proc = subprocess.run(
+        [sys.executable, "-m", "raysim.cli", "list", "datasets"],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
+    os.close(write)
+    assert proc.returncode == 141, proc.stderr
+    assert "failed" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

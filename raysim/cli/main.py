@@ -535,6 +535,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("raysim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`raysim list | head`): nothing failed
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports a process ended by SIGPIPE
     except Exception as exc:  # noqa: BLE001 - a failure of the run, not of the input
         from raysim.config import shorten
         from raysim.state.rundir import error_text
