@@ -560,7 +560,7 @@ def test_algorithms_never_dispatch_on_the_privacy_mode():
     import re
 
     forbidden = re.compile(
-        r"central_noise|secure_aggregation|SecureSums|make_mode|privacy\.mode|PrivacyMode\b"
+        r"central_noise|secure_aggregation|SecureSums|make_mode|privacy\.mode\b|PrivacyMode\b"
         r"|self\.privacy\b"
     )
     root = pathlib.Path(__file__).resolve().parents[1] / "algorithms"
