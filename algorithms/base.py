@@ -14,6 +14,7 @@ import torch
 from pydantic import ConfigDict, ValidationError
 
 from raysim.config import ConfigError, ConfigModel, ExperimentConfig, format_validation_error
+from raysim.models import ModelSpec, model_spec
 from raysim.privacy import Phase
 from raysim.privacy.modes.base import PrivacyNeeds
 from raysim.privacy.modes.view import Reports
@@ -48,10 +49,17 @@ class Environment:
     feature_shape: tuple[int, ...] = ()
     num_classes: int = 0
     ground_truth: np.ndarray | None = None
+    model: ModelSpec | None = None  # the engine's spec of the model (None: from ``cfg``)
 
     @property
     def num_clients(self) -> int:
         return len(self.train_sizes)
+
+    def model_spec(self) -> ModelSpec:
+        """What to build for a model of the run's kind. The engine gives it, made where the
+        data config is held: under an untrusted server ``cfg`` has none, and a model pretrained
+        on the public slice needs that slice's name (public, unlike the data config)."""
+        return self.model if self.model is not None else model_spec(self.cfg)
 
 
 class Algorithm(ABC):

@@ -32,7 +32,7 @@ from pydantic import ConfigDict, Field
 
 from algorithms.base import Environment, FederatedAlgorithm, broadcast_model
 from raysim.config import ConfigModel
-from raysim.models import build_from_spec, flat_params, model_spec
+from raysim.models import build_from_spec, flat_params
 from raysim.privacy.modes.base import PrivacyNeeds
 from raysim.privacy.modes.view import Reports
 from raysim.protocol import (
@@ -96,11 +96,10 @@ def selection_utility(
 
 def random_models(env: Environment, count: int, seed: int) -> list[torch.Tensor]:
     """``count`` independently initialised models (IFCA's random cluster initialisation)."""
-    cfg = env.cfg
     shape, classes = env.feature_shape, env.num_classes
     out = []
     for m in range(count):
-        model = build_from_spec(model_spec(cfg), shape, classes, seed=seed * 1000 + m)
+        model = build_from_spec(env.model_spec(), shape, classes, seed=seed * 1000 + m)
         w = flat_params(model)
         if w.numel() != env.init_weights.numel():
             raise ValueError("random_models: the built model does not match init_weights")

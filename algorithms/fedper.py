@@ -14,7 +14,7 @@ import torch
 from algorithms.base import Environment
 from algorithms.fedavg import FedAvg, GlobalState
 from raysim.config import ConfigError
-from raysim.models import build_from_spec, model_spec
+from raysim.models import build_from_spec
 from raysim.privacy import postprocess
 from raysim.protocol import ClientContext, ClientReport, ClientTask, EvalReport, RoundPlan
 
@@ -23,8 +23,7 @@ def head_size(env: Environment) -> int:
     """Parameters of the last layer (the module that holds the model's last parameter), which
     end the flat trainable vector. A frozen last layer (LoRA without its head) has no personal
     head to keep: refused, rather than taking the last adapters for one."""
-    cfg = env.cfg
-    model = build_from_spec(model_spec(cfg), env.feature_shape, env.num_classes, seed=0)
+    model = build_from_spec(env.model_spec(), env.feature_shape, env.num_classes, seed=0)
     named = list(model.named_parameters())
     layer = named[-1][0].rpartition(".")[0]
     head = [p for name, p in named if name.rpartition(".")[0] == layer]

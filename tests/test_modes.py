@@ -17,14 +17,14 @@ from conftest import RAY_TIMEOUT_S, mode_of, small_config
 
 from algorithms import Environment, get_algorithm
 from algorithms.fedavg import FedAvg
-from raysim.compose import for_algorithm
+from raysim.compose import for_algorithm, prepare_named
 from raysim.config import PRIVACY_MODES, ConfigError, load_config
 from raysim.engine.experiment import prepare
 from raysim.metrics.results import write_results
 from raysim.privacy import PrivacyLedger
 from raysim.privacy.modes import MODES, TrustBoundaryError
 from raysim.privacy.modes.secure import COUNT_WEIGHT, SecureAggregator, client_noise_share
-from raysim.protocol import ClientReport, RoundPlan, SecureContribution, SecureSums
+from raysim.protocol import ClientReport, HiddenData, RoundPlan, SecureContribution, SecureSums
 from raysim.runtime.inline import inline_loop, run_inline
 from raysim.runtime.run import run_prepared
 
@@ -459,3 +459,24 @@ def test_register_mode_names_a_mode_of_ones_own_and_refuses_a_clash():
         PRIVACY_MODES.remove("registered_for_a_test")
     with pytest.raises(ConfigError, match="privacy.mode: os:path is not a PrivacyMode"):
         mode_class("os:path")
+
+
+def test_an_untrusted_server_builds_public_pretrained_models_from_the_engines_spec():
+    """IFCA's random cluster models under `distributed` with a base pretrained on the public
+    slice (configs/pina_quick.yaml's `--algorithms ...,ifca`): the server's config holds no data
+    config, so the engine hands the algorithm the model spec, made where the data config is
+    (it names the public slice only). Before, the server's build was refused mid-run."""
+    sets = [
+        *small_config(rounds=2),
+        "algorithm.name=ifca",
+        "model.name=cnn_lora",
+        "data.public_pretrain_samples=200",
+        "privacy.mode=distributed",
+        "privacy.noise_cohort_size=8",
+    ]
+    prep = prepare_named(for_algorithm(load_config(None, sets)))
+    assert isinstance(prep.algorithm.env.cfg.data, HiddenData)  # the server's view
+    assert prep.algorithm.env.model_spec() == prep.spec  # the experimenter's spec
+    state = prep.algorithm.init_state(np.random.default_rng(0))
+    assert len(state.models) == prep.algorithm.num_clusters() > 1
+    assert not torch.equal(state.models[0], state.models[1])

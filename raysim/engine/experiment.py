@@ -150,6 +150,9 @@ def prepare(
     ds = build_dataset(cfg) if dataset is None else dataset
     check_against_data(cfg, ds)
     oracle = getattr(algorithm_cls, "uses_ground_truth", False)
+    from raysim.models import model_spec
+
+    spec = model_spec(cfg)  # here, where the data config is held (the public slice's name)
     env = env_cls(
         cfg=server_view(cfg),
         train_sizes=np.asarray(ds.train_sizes),
@@ -157,6 +160,7 @@ def prepare(
         feature_shape=tuple(ds.feature_shape),
         num_classes=int(ds.num_classes),
         ground_truth=np.asarray(ds.true_cluster) if oracle else None,
+        model=spec,
     )
     from raysim.privacy.modes import make_mode
 
@@ -165,11 +169,9 @@ def prepare(
         mode = make_mode(cfg, env.train_sizes, algorithm.privacy_needs())
     except (BudgetError, PrivacyConfigError) as exc:  # the request cannot be met: refuse
         raise ConfigError(str(exc)) from None
-    from raysim.models import model_spec
-
     summary = {**mode.summary(), **algorithm.privacy_summary(mode.view())}
     seed = client_seed(cfg, mode.trusted_server, given)
-    return Prepared(cfg, ds, algorithm, env, summary, model_spec(cfg), seed, mode)
+    return Prepared(cfg, ds, algorithm, env, summary, spec, seed, mode)
 
 
 def check_supports(cfg: ExperimentConfig, algorithm_cls: Any) -> None:
