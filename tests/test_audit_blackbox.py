@@ -81,12 +81,21 @@ def test_cli_black_box_writes_the_adversary_and_report_shows_it(tmp_path, capsys
     "argv, field",
     [
         (["--adversary", "grey-box"], "--adversary"),
-        (["--adversary", "black-box", "--set", "privacy.mode=sample", "--runs", "50"], "--runs"),
+        (
+            ["--adversary", "black-box", "--set", "privacy.mode=sample", "--runs", "50"]
+            + ["--canaries", "5"],  # the multi-run audit: one canary a run
+            "--canaries",
+        ),
+        (["--adversary", "black-box", "--runs", "0"], "--runs"),
         (
             ["--adversary", "black-box", "--set", "privacy.mode=sample", "--participation", "told"],
             "--participation",
         ),
-        (["--adversary", "black-box", "--set", "privacy.mode=dprivacy"], "privacy.mode"),
+        (["--adversary", "black-box", "--set", "privacy.mode=bogus"], "privacy.mode"),
+        (  # two directions a pair canary: at most 325 in 650 weights
+            ["--adversary", "black-box", "--set", "privacy.mode=dprivacy", "--canaries", "326"],
+            "--canaries",
+        ),
         (
             ["--adversary", "black-box", "--set", "training.sampling=without_replacement"],
             "training.sampling",
@@ -220,3 +229,149 @@ def test_canary_client_population():
     np.testing.assert_array_equal(ds.client_train(j)[0], base.client_train(1)[0][:1])
     np.testing.assert_array_equal(ds.client_test(j)[0], base.client_test(1)[0][:1])
     assert ds.true_cluster[j] == base.true_cluster[1]
+
+
+# ------------------------------------------------ pair canaries (dprivacy)
+
+DPRIVACY = ["privacy.mode=dprivacy", "privacy.client_seed=0"]
+
+
+def _laplace_off(monkeypatch) -> None:
+    """The d-private noise silently shrunk a millionfold (tests only): the metric ledger still
+    records n / nu per release."""
+    import raysim.privacy.modes.dprivacy as dprivacy
+
+    real = dprivacy.laplace_euclidean
+    monkeypatch.setattr(
+        dprivacy, "laplace_euclidean", lambda dim, eps, rng: real(dim, eps * 1e6, rng)
+    )
+
+
+@pytest.mark.parametrize("eps", [2.0, 8.0])
+def test_pair_canaries_bound_stays_under_the_claim(eps):
+    result, rows, prep = _audit([*DPRIVACY, f"privacy.epsilon={eps}"])
+    assert result.mode == "dprivacy" and result.method == "one_run"
+    assert result.canaries == 325  # two directions each in 650 weights
+    assert result.claimed_epsilon == pytest.approx(eps)  # one release each at rate 1
+    assert 0 <= result.lower_bound <= result.claimed_epsilon
+    assert "metric" in result.claim_note
+    n = prep.dataset.num_clients - 325
+    np.testing.assert_array_equal(rows["client"], np.arange(n, n + 325))
+
+
+def test_pair_canaries_without_noise_the_fault_is_caught(monkeypatch):
+    """Two rounds, the d-private noise silenced: the final model tells every pair apart."""
+    sets = [*DPRIVACY, "privacy.epsilon=2", "rounds=2"]
+    private, _, _ = _audit(sets)
+    _laplace_off(monkeypatch)
+    open_, rows, _ = _audit(sets)
+    assert open_.claimed_epsilon == pytest.approx(2.0)  # the ledger charged as before
+    assert private.lower_bound <= private.claimed_epsilon
+    assert open_.lower_bound > open_.claimed_epsilon + 1.0
+    s, inc = rows["score"], rows["included"]
+    assert s[inc].min() > s[~inc].max()
+
+
+def test_pair_canaries_release_their_pair_and_the_claim_scales_by_the_distance(monkeypatch):
+    """Each canary client releases u1 (its bit set) or u0 of norm r, at the distance d at which
+    the metric ledger's leakage per unit norm, times d, is privacy.epsilon; every canary takes
+    part in every round (no absent neighbour under metric DP)."""
+    from raysim.audit import clients
+
+    seen = {}
+    real = clients.PairCanaryClients.updates
+
+    def spy(self, cfg, prep, included):
+        out = real(self, cfg, prep, included)
+        seen.update(made=self, included=included, d=self.distance(cfg, prep), updates=out)
+        return out
+
+    monkeypatch.setattr(clients.PairCanaryClients, "updates", spy)
+    result, rows, prep = _audit([*DPRIVACY, "privacy.epsilon=3", "rounds=2"], 20)
+    made, d = seen["made"], seen["d"]
+    r = clients.RADIUS
+    assert d == pytest.approx(3 * r / (2 * 650))  # two releases of n / nu = 650 per unit norm
+    b = made.u[:, 20:]
+    for i, c in enumerate(made.clients):
+        u = seen["updates"][int(c)].double().numpy()
+        assert np.linalg.norm(u) == pytest.approx(r, rel=1e-6)
+        other = u - (1 if seen["included"][i] else -1) * d * b[:, i]  # the pair's other one
+        assert np.linalg.norm(other) == pytest.approx(r, rel=1e-6)
+        assert u @ b[:, i] == pytest.approx(d / 2 if seen["included"][i] else -d / 2, rel=1e-4)
+    assert result.claimed_epsilon == pytest.approx(3.0)
+
+
+# ------------------------------------------------ the multi-run black-box audit
+
+
+def _multi(sets: list[str], runs: int, seed: int = 0):
+    cfg = for_algorithm(load_config(CONFIG, sets))
+    return blackbox_audit(cfg, prepare_named, None, seed=seed, runs=runs)
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [["privacy.mode=client"], ["privacy.mode=sample"], DPRIVACY],
+    ids=["client", "sample", "dprivacy"],
+)
+def test_multi_run_bound_stays_under_the_claim(sets):
+    runs = 40 if "privacy.mode=sample" in sets else 100
+    result, rows, _ = _multi([*sets, "privacy.epsilon=2"], runs)
+    assert result.method == "multi_run" and result.adversary == "black-box"
+    assert result.runs == runs and result.canaries == 1
+    assert result.claimed_epsilon == pytest.approx(2.0, rel=0.02)
+    assert 0 <= result.lower_bound <= result.claimed_epsilon
+    np.testing.assert_array_equal(rows["index"], np.arange(runs))
+    assert 0 < rows["included"].sum() < runs and np.isfinite(rows["score"]).all()
+
+
+@pytest.mark.parametrize("mode", ["client", "dprivacy"])
+def test_multi_run_without_noise_the_fault_is_caught(mode, monkeypatch):
+    """200 trainings of one round with one canary each, the noise silenced where the mode
+    draws it: the bound far above the claim of 2 (200 runs can show about 3)."""
+    if mode == "client":
+        _noise_off(monkeypatch, "client")
+    else:
+        _laplace_off(monkeypatch)
+    sets = [f"privacy.mode={mode}", "privacy.epsilon=2"]
+    result, rows, _ = _multi(sets, 200)
+    assert result.claimed_epsilon == pytest.approx(2.0, rel=0.02)
+    assert result.lower_bound > result.claimed_epsilon + 0.5
+    s, inc = rows["score"], rows["included"]
+    assert s[inc].min() > s[~inc].max()
+
+
+def test_multi_run_input_canary_without_noise_has_power():
+    """No noise (none), long enough training: one mislabelled input is told apart run by run,
+    though every run draws its own initialisation and batches."""
+    result, _, _ = _multi(["privacy.mode=none", *TRAIN], 60)
+    assert result.method == "multi_run" and result.lower_bound > 1.0
+
+
+def test_multi_run_draws_each_runs_seeds():
+    """Each run's seeds from (audit seed, run, purpose), in place of the config's; the clients'
+    seed only where the server is untrusted (a trusted one's clients use the run's)."""
+    from raysim.audit.blackbox import run_config, run_membership
+
+    cfg = load_config(CONFIG, ["privacy.mode=sample", "privacy.client_seed=7"])
+    a, b, again = run_config(cfg, 0, 0), run_config(cfg, 0, 1), run_config(cfg, 0, 0)
+    assert a.seed != b.seed and a.privacy.client_seed != b.privacy.client_seed
+    assert (a.seed, a.privacy.client_seed) == (again.seed, again.privacy.client_seed)
+    assert a.privacy.client_seed != 7 and run_config(cfg, 1, 0).seed != a.seed
+    assert run_config(load_config(CONFIG), 0, 0).privacy.client_seed is None  # client: trusted
+    inc = run_membership(400, 0)
+    assert 150 < inc.sum() < 250
+    np.testing.assert_array_equal(inc, run_membership(400, 0))
+
+
+def test_cli_multi_run_black_box_writes_one_row_per_run(tmp_path, capsys):
+    import pandas as pd
+
+    out = tmp_path / "mr"
+    argv = ["audit", CONFIG, "--adversary", "black-box", "--runs", "30", "--out", str(out)]
+    assert main(argv) == 0
+    info = json.loads((out / "audit.json").read_text())
+    assert info["method"] == "multi_run" and info["runs"] == 30 and info["canaries"] == 1
+    table = pd.read_parquet(out / "audit.parquet")
+    assert list(table.columns) == ["run", "included", "score"] and len(table) == 30
+    assert "multi_run, black-box adversary" in capsys.readouterr().out

@@ -1,29 +1,33 @@
-"""The black-box audit: the adversary sees only the final models of one real training run.
+"""The black-box audit: the adversary sees only the final models of real training runs.
 
-``sample`` mode (and ``none``, where it shows the leak): ``m`` input-space canaries, each a
-seeded random input with a seeded label (mislabelled: nothing in the data predicts it), each
-included with probability 1/2 (seeded by (seed, canary, purpose)) in the train set of a client
-(spread over the clients, round robin over a seeded order). The configured experiment then
-trains once through the engine's own in-process loop (``raysim.runtime.inline.inline_loop``: the
+``sample`` mode (and ``none``, where it shows the leak): input-space canaries, each a seeded
+random input with a seeded label (mislabelled: nothing in the data predicts it), each included
+with probability 1/2 (seeded by (seed, canary, purpose)) in the train set of a client (spread
+over the clients, round robin over a seeded order). The configured experiment then trains
+through the engine's own in-process loop (``raysim.runtime.inline.inline_loop``: the
 algorithm's client step, DP-SGD through Opacus at the mode's calibrated noise, the mode's
 ``admit`` and the server step), its noise calibrated for the train sets as they are. Each canary
 is scored by minus the loss of its label under the final model its client is judged on (the
-model the server would hand it: the released model); the one-run bound of Steinke, Nasr and
-Jagielski (2023) is taken on those scores.
+model the server would hand it: the released model). The claim is the largest epsilon the run's
+own ledger charged any client: each canary is one example of one client, so each is protected
+at least that well.
 
-The claim is the largest epsilon the run's own ledger charged any client: each canary is one
-example of one client, so each is protected at least that well.
+``client`` and ``distributed`` are audited with canary CLIENTS instead, and ``dprivacy`` with
+canary clients that release one of a pair of updates at a known distance
+(``raysim.audit.clients``).
 
-``client`` and ``distributed`` are audited with canary CLIENTS instead (``raysim.audit.clients``:
-an update of norm C along a fixed direction, scored by the final model's move along it).
-``dprivacy`` and the multi-run black-box audit (R full trainings, one canary each) are not
-built: the command refuses them (docs/audit.md says why).
+Two statistics over the same canaries and scores (``blackbox_audit``): ``runs == 1``, one
+training with ``m`` canaries and the one-run bound of Steinke, Nasr and Jagielski (2023);
+``runs > 1``, ``runs`` trainings with one canary each, in with probability 1/2, each training's
+seeds drawn from (audit seed, run, purpose), and the multi-run bound (Clopper-Pearson on the
+best threshold).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,6 +39,7 @@ from raysim.seeding import SERVER, numpy_rng
 
 MODES = ("sample", "none")  # input-space canaries
 CLIENT_MODES = ("client", "distributed")  # canary clients (raysim.audit.clients)
+PAIR_MODES = ("dprivacy",)  # canary clients releasing one of a pair (raysim.audit.clients)
 VIEW = "final models (black-box: the model each canary's client is judged on)"
 CANARIES = 500  # default canaries, capped at half the population's train rows
 CLAIM_NOTE = "the largest epsilon the run's ledger charged a client"
@@ -42,18 +47,13 @@ CLAIM_NOTE = "the largest epsilon the run's ledger charged a client"
 
 def check_request(mode: str, runs: int, participation: str) -> None:
     """Refuse what the black-box audit does not run, naming the flag or the field."""
-    if mode not in MODES + CLIENT_MODES:
+    known = MODES + CLIENT_MODES + PAIR_MODES
+    if mode not in known:
         raise ConfigError(
-            f"privacy.mode: --adversary black-box audits {', '.join(MODES + CLIENT_MODES)}, "
-            f"not {mode!r}: a black-box audit of metric DP needs canaries at a known distance "
-            "in the final model, which is not built; use --adversary white-box for it "
-            "(docs/audit.md)"
+            f"privacy.mode: --adversary black-box audits {', '.join(known)}, not {mode!r}"
         )
-    if runs != 1:
-        raise ConfigError(
-            f"--runs: --adversary black-box runs the one-run audit only (--runs 1), got {runs}: "
-            "the multi-run black-box audit needs one full training per run (docs/audit.md)"
-        )
+    if runs < 1:
+        raise ConfigError(f"--runs: a whole number >= 1, got {runs}")
     if participation != "hidden":
         raise ConfigError(
             "--participation: the black-box adversary sees the final models only, never who "
@@ -181,6 +181,103 @@ def claimed_epsilon(prep: Any, loop: Any) -> float:
     return float(max(loop.ledger.epsilon(c) for c in range(loop.num_clients)))
 
 
+@dataclass
+class Trained:
+    """One training with canaries: every canary's score, the claim the run's ledger makes for
+    each canary, and what the rows add (``client``: the client each canary is or joins)."""
+
+    scores: np.ndarray
+    claimed: float
+    prep: Any
+    clients: np.ndarray
+
+
+class InputCanaries:
+    """``sample``, ``none``: ``m`` mislabelled inputs, each joining its owner's train rows where
+    included; ``train`` runs one training with those included and scores every canary."""
+
+    view = VIEW
+    note = CLAIM_NOTE
+
+    def __init__(
+        self, base: FederatedDataset, m: int, seed: int, prepare: Callable[..., Any]
+    ) -> None:
+        self.base, self.prepare, self.m = base, prepare, m
+        self.x, self.y = canary_inputs(base, m, seed)
+        self.owner = owners(m, base.num_clients, seed)
+
+    def train(
+        self, cfg: Any, included: np.ndarray, progress: Callable[[int], None] | None
+    ) -> Trained:
+        ds = with_canaries(self.base, self.x, self.y, included, self.owner)
+        prep = self.prepare(cfg, ds)
+        loop = run_rounds(start_loop(prep), prep.cfg.rounds, progress)
+        scores = final_scores(prep, loop, self.x, self.y, self.owner)
+        return Trained(scores, claimed_epsilon(prep, loop), prep, self.owner)
+
+
+def start_loop(
+    prep: Any, make_worker: Callable[..., Any] | None = None, absent: np.ndarray | None = None
+) -> Any:
+    """The engine's in-process round loop for ``prep`` (``absent``: the clients unavailable
+    every round, who leave each plan before it runs, the engine's path for a dropped client)."""
+    from raysim.runtime.inline import inline_loop
+
+    loop = inline_loop(prep, device="cpu", apart=False, make_worker=make_worker)
+    if absent is not None:
+        loop.dropout = absent if loop.dropout is None else np.maximum(loop.dropout, absent)
+    return loop
+
+
+def run_rounds(loop: Any, rounds: int, progress: Callable[[int], None] | None) -> Any:
+    """The configured rounds (to an early stop); returns the loop."""
+    for _ in range(rounds):
+        row = loop.step()
+        if progress:
+            progress(1)
+        if row.get("early_stopped"):
+            break
+    return loop
+
+
+def make_canaries(
+    cfg: Any, base: FederatedDataset, m: int | None, seed: int, prepare: Callable[..., Any]
+) -> Any:
+    """The configured mode's canaries (``m`` None: its default count): input-space canaries,
+    canary clients (add/remove), or canary clients releasing one of a pair (metric DP)."""
+    mode = cfg.privacy.mode
+    if mode in MODES:
+        return InputCanaries(base, default_canaries(base) if m is None else m, seed, prepare)
+    from raysim.audit.clients import CanaryClients, PairCanaryClients
+
+    cls = CanaryClients if mode in CLIENT_MODES else PairCanaryClients
+    return cls(cfg, base, m, seed, prepare)
+
+
+def run_config(cfg: Any, seed: int, run: int) -> Any:
+    """Run ``run``'s config of the multi-run audit: the run's seed (the server's draws: sampling,
+    initialisation, the central noise) and, where the server is untrusted, the clients' seed
+    (their DP-SGD noise and batches, noise shares, d-private noise), each from (audit seed, run,
+    purpose) in place of the config's, so that the runs are independent."""
+    from raysim.config import with_client_seed
+    from raysim.privacy.modes import mode_class
+
+    run_seed = int(numpy_rng(seed, run, SERVER, "audit_run_seed").integers(2**31))
+    out = cfg.model_copy(update={"seed": run_seed})
+    clients = None
+    if not mode_class(cfg.privacy.mode).trusted_server:
+        clients = int(numpy_rng(seed, run, SERVER, "audit_run_client_seed").integers(2**63))
+    return with_client_seed(out, clients)
+
+
+def run_membership(runs: int, seed: int) -> np.ndarray:
+    """Run r of the multi-run audit has its canary in with probability 1/2, from its own (seed,
+    r, purpose) key."""
+    return np.array(
+        [numpy_rng(seed, r, SERVER, "audit_run_in").random() < 0.5 for r in range(runs)]
+    )
+
+
 def blackbox_audit(
     cfg: Any,
     prepare: Callable[[Any, FederatedDataset], Any],
@@ -188,69 +285,74 @@ def blackbox_audit(
     seed: int = 0,
     confidence: float = 0.95,
     progress: Callable[[int], None] | None = None,
+    runs: int = 1,
 ) -> tuple[Any, dict[str, np.ndarray], Any]:
-    """Train the configured experiment once with canaries; returns (AuditResult, rows, prep).
+    """The black-box audit; returns (AuditResult, rows, prep of the last training).
+    ``runs == 1``: one training with ``canaries`` canaries (``progress`` per round);
+    ``runs > 1``: ``runs`` trainings with one canary each (``progress`` per run).
     ``prepare(cfg, dataset)`` builds the algorithm on the population with the canaries in, so
-    the mode calibrates its noise for the train sets as trained on."""
+    the mode calibrates its noise for the population as trained on."""
+    from raysim.audit.bounds import multi_run_bound, one_run_bound
     from raysim.engine.experiment import build_dataset
-    from raysim.runtime.inline import inline_loop
 
-    check_request(cfg.privacy.mode, 1, "hidden")
-    if cfg.privacy.mode in CLIENT_MODES:
-        from raysim.audit.clients import canary_client_audit
-
-        return canary_client_audit(cfg, prepare, canaries, seed, confidence, progress)
+    check_request(cfg.privacy.mode, runs, "hidden")
     t0 = time.perf_counter()
+    if runs > 1 and canaries not in (None, 1):
+        raise ConfigError(
+            f"--canaries: the multi-run audit (--runs > 1) puts 1 canary in each run, got "
+            f"{canaries}"
+        )
+    if runs == 1 and canaries is not None and canaries < 2:
+        raise ConfigError(f"--canaries: the one-run audit needs at least 2, got {canaries}")
     base = build_dataset(cfg)
-    m = default_canaries(base) if canaries is None else canaries
-    if m < 2:
-        raise ConfigError(f"--canaries: the one-run audit needs at least 2, got {m}")
-    x, y = canary_inputs(base, m, seed)
-    included, owner = membership(m, seed), owners(m, base.num_clients, seed)
-    prep = prepare(cfg, with_canaries(base, x, y, included, owner))
-    loop = inline_loop(prep, device="cpu", apart=False)
-    for _ in range(cfg.rounds):
-        row = loop.step()
-        if progress:
-            progress(1)
-        if row.get("early_stopped"):
-            break
-    scores = final_scores(prep, loop, x, y, owner)
-    result = one_run_result(prep, loop, scores, included, confidence, t0)
-    rows = {"index": np.arange(m), "included": included, "score": scores, "client": owner}
-    return result, rows, prep
+    delta = cfg.privacy.delta
+    if runs == 1:
+        made = make_canaries(cfg, base, canaries, seed, prepare)
+        included = membership(made.m, seed)
+        trained = made.train(cfg, included, progress)
+        scores, claimed, prep = trained.scores, trained.claimed, trained.prep
+        bound = one_run_bound(scores, included, delta, confidence)
+        rows = {"index": np.arange(len(scores)), "included": included, "score": scores}
+        rows["client"] = trained.clients
+    else:
+        made = make_canaries(cfg, base, 1, seed, prepare)
+        included = run_membership(runs, seed)
+        if included.all() or not included.any():
+            raise ConfigError(f"--runs: {runs} runs gave no run without (or with) the canary")
+        scores, claims = np.empty(runs), np.empty(runs)
+        for r in range(runs):
+            trained = made.train(run_config(cfg, seed, r), included[r : r + 1], None)
+            scores[r], claims[r], prep = trained.scores[0], trained.claimed, trained.prep
+            if progress:
+                progress(1)
+        claimed = float(claims.max())
+        bound = multi_run_bound(scores[included], scores[~included], delta, confidence)
+        rows = {"index": np.arange(runs), "included": included, "score": scores}
+    return result_of(prep, made, bound, claimed, runs, made.m, t0), rows, prep
 
 
-def one_run_result(
-    prep: Any,
-    loop: Any,
-    scores: np.ndarray,
-    included: np.ndarray,
-    confidence: float,
-    started: float,
-    note: str = CLAIM_NOTE,
-    view: str = VIEW,
+def result_of(
+    prep: Any, made: Any, bound: Any, claimed: float, runs: int, canaries: int, started: float
 ) -> Any:
-    """The black-box one-run audit's result: Steinke, Nasr and Jagielski's bound on the canaries'
-    ``scores`` against the largest epsilon the run's ledger charged (``note`` says so)."""
-    from raysim.audit.bounds import one_run_bound
+    """The black-box audit's result: the bound on the canaries' scores against the claim the
+    runs' ledgers made (``made.note`` says which), seen as ``made.view``."""
     from raysim.audit.run import AuditResult
 
     cfg = prep.cfg
-    bound = one_run_bound(scores, included, cfg.privacy.delta, confidence)
     return AuditResult(
         mode=cfg.privacy.mode,
         method=bound.method,
-        view=view,
+        view=made.view,
         participation="hidden",
-        claimed_epsilon=claimed_epsilon(prep, loop),
+        claimed_epsilon=claimed,
         lower_bound=bound.epsilon,
-        confidence=confidence,
-        delta=cfg.privacy.delta,
-        canaries=len(scores),
-        runs=1,
+        confidence=bound.confidence,
+        delta=bound.delta,
+        canaries=canaries,
+        runs=runs,
         seconds=time.perf_counter() - started,
-        claim_note=note,
+        claim_note=made.note,
+        threshold=bound.threshold,
         guesses=bound.guesses,
         correct=bound.correct,
         adversary="black-box",

@@ -34,18 +34,38 @@ u_i. The one-run bound is taken on those scores, as for the input-space canaries
 Claim: the largest epsilon the run's ledger charged a client (every client, canaries included,
 is charged the same population-wide events). The adversary sees the final models, never who
 took part: under ``distributed`` that is the eps amplified by sampling, as the ledger charges.
+
+Metric DP (``dprivacy``, ``PairCanaryClients``): the leakage is eps per unit distance between two
+updates of one norm r (the mode's noise scale follows the update's norm: n / (nu r) per release),
+so there is no absent neighbour to compare with. Canary i owns a pair u0_i, u1_i of norm r at a
+known distance d (from 2m orthonormal directions a_i, b_i: h a_i -+ (d / 2) b_i), takes part like
+any client, and releases u1_i (its bit: "in") or u0_i (with probability 1/2 each, from its own
+key) through the mode every round it takes part; score: the final model's move projected on
+(u1_i - u0_i) / d = b_i. The claim is the metric ledger's leakage for the canary, per unit of its
+norm, times d (as the white-box target scales it); d is chosen so that the claim is the config's
+``privacy.epsilon`` over the rounds planned (at most 2r). Since d / r is fixed by the claim, the
+norm r only scales the canaries against the other clients: ``RADIUS`` makes them dwarf the other
+clients' updates, the strongest pair a model-only adversary has.
 """
 
 from __future__ import annotations
 
-import time
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from raysim.audit.blackbox import CLAIM_NOTE, membership, on_judged_models, one_run_result
+from raysim.audit.blackbox import (
+    CLAIM_NOTE,
+    PAIR_MODES,
+    Trained,
+    claimed_epsilon,
+    on_judged_models,
+    run_rounds,
+    start_loop,
+)
 from raysim.audit.canaries import directions
 from raysim.config import ConfigError
 from raysim.data.federated import FederatedDataset, make_table
@@ -54,11 +74,13 @@ from raysim.training.config import TrainResult
 
 MODES = ("client", "distributed")
 VIEW = "final models (black-box: the move of each canary client's model along its direction)"
-CANARIES = 500  # default canary clients, capped at the model's dimension (orthogonal directions)
-
-
-def default_canaries(dim: int) -> int:
-    return int(min(CANARIES, dim))
+PAIR_VIEW = (
+    "final models (black-box: the move of each canary client's model along the difference of "
+    "its pair)"
+)
+CANARIES = 500  # default canary clients, capped at what orthogonal directions the model fits
+RADIUS = 1e6  # the pair canaries' norm: the distance scales with it, the others' updates do not
+DEFAULT_CLAIM = 2.0  # the pair canaries' claim where privacy.epsilon is not set (as white-box)
 
 
 def check_config(cfg: Any, num_clients: int, m: int) -> None:
@@ -174,10 +196,16 @@ class CanaryWorker(ClientWorker):
 
 
 def final_scores(
-    prep: Any, initial: Sequence[torch.Tensor], final: Any, u: np.ndarray, ids: np.ndarray
+    prep: Any,
+    initial: Sequence[torch.Tensor],
+    final: Any,
+    u: np.ndarray,
+    ids: np.ndarray,
+    cosine: bool = True,
 ) -> np.ndarray:
-    """Each canary's cosine of its final model's move (final - initial) with its direction
-    (the columns of ``u``); ``final``: the algorithm's evaluation plan after the run."""
+    """Each canary's cosine (``cosine``; else the projection) of its final model's move (final -
+    initial) with its direction (the columns of ``u``); ``final``: the algorithm's evaluation
+    plan after the run."""
     if len(final.models) != len(initial):
         raise ConfigError(
             f"algorithm.name: {prep.cfg.algorithm.name} ends with {len(final.models)} models "
@@ -187,73 +215,137 @@ def final_scores(
         (m.detach().double().cpu() - i.detach().double().cpu()).numpy()
         for m, i in zip(final.models, initial, strict=True)
     ]
-    norms = [max(float(np.linalg.norm(v)), 1e-300) for v in moves]
-    cosines = np.stack([v @ u / n for v, n in zip(moves, norms, strict=True)])  # (models, m)
-    return on_judged_models(prep, final, cosines, ids)
+    norms = [max(float(np.linalg.norm(v)), 1e-300) if cosine else 1.0 for v in moves]
+    scores = np.stack([v @ u / n for v, n in zip(moves, norms, strict=True)])  # (models, m)
+    return on_judged_models(prep, final, scores, ids)
 
 
-def canary_client_audit(
-    cfg: Any,
-    prepare: Callable[[Any, FederatedDataset], Any],
-    canaries: int | None = None,
-    seed: int = 0,
-    confidence: float = 0.95,
-    progress: Callable[[int], None] | None = None,
-) -> tuple[Any, dict[str, np.ndarray], Any]:
-    """Train the configured experiment once with canary clients; returns (AuditResult, rows,
-    prep). ``prepare(cfg, dataset)`` builds the algorithm on the population with every canary
-    slot in, so the mode calibrates for N + m clients whichever canaries are in."""
-    from raysim.engine.experiment import build_dataset, initial_weights
-    from raysim.runtime.inline import inline_loop
+class CanaryClients:
+    """``client``, ``distributed``: ``m`` canary clients (ids N .. N + m - 1) in a population
+    calibrated for N + m; ``train`` runs one training with the included ones taking part and
+    the others absent, and scores each by the cosine of its model's move with its direction."""
 
-    t0 = time.perf_counter()
-    base = build_dataset(cfg)
-    dim = int(initial_weights(cfg, base).numel())
-    m = default_canaries(dim) if canaries is None else canaries
-    if m < 2:
-        raise ConfigError(f"--canaries: the one-run audit needs at least 2, got {m}")
-    if m > dim:
-        raise ConfigError(
-            f"--canaries: {m} orthogonal canary directions need a model of dimension >= {m}; "
-            f"this one has {dim}"
-        )
-    n = base.num_clients
-    check_config(cfg, n + m, m)
-    included = membership(m, seed)
-    ids = np.arange(n, n + m)
-    u = directions(dim, m, seed)
-    clip = cfg.privacy.clip
-    updates = {
-        int(c): torch.from_numpy(clip * u[:, i]).float() for i, c in enumerate(ids) if included[i]
-    }
-    prep = prepare(cfg, with_canary_clients(base, m))
-
-    def make_worker(*args: Any) -> CanaryWorker:
-        return CanaryWorker(*args, canaries=updates)
-
-    loop = inline_loop(prep, device="cpu", apart=False, make_worker=make_worker)
-    absent = np.zeros(loop.num_clients)
-    absent[ids[~included]] = 1.0
-    # the excluded canaries are unavailable every round: they leave each plan before it runs
-    loop.dropout = absent if loop.dropout is None else np.maximum(loop.dropout, absent)
-    initial = [w.detach().clone() for w in prep.algorithm.plan_evaluation(loop.state).models]
-    for _ in range(cfg.rounds):
-        row = loop.step()
-        if progress:
-            progress(1)
-        if row.get("early_stopped"):
-            break
-    took_part = loop.rounds_reported[ids]
-    if np.any(took_part[~included]) or not np.any(took_part[included]):
-        raise ConfigError(
-            f"algorithm.name: {cfg.algorithm.name} did not leave the excluded canary clients out "
-            "of its rounds (or took no included one): its plans wait for every client"
-        )
-    final = prep.algorithm.plan_evaluation(loop.state)
-    scores = final_scores(prep, initial, final, u, ids)
+    view = VIEW
     note = CLAIM_NOTE
-    if cfg.privacy.mode == "distributed":
-        note += " (amplified by sampling: the final models do not show who took part)"
-    result = one_run_result(prep, loop, scores, included, confidence, t0, note, VIEW)
-    rows = {"index": np.arange(m), "included": included, "score": scores, "client": ids}
-    return result, rows, prep
+    limit = 1  # canaries per dimension: one direction each
+
+    def __init__(
+        self,
+        cfg: Any,
+        base: FederatedDataset,
+        m: int | None,
+        seed: int,
+        prepare: Callable[[Any, FederatedDataset], Any],
+    ) -> None:
+        from raysim.engine.experiment import initial_weights
+
+        dim = int(initial_weights(cfg, base).numel())
+        most = dim // self.limit
+        self.m = int(min(CANARIES, most)) if m is None else m
+        if self.m > most:
+            raise ConfigError(
+                f"--canaries: {self.m} canary clients need {self.limit * self.m} orthogonal "
+                f"directions, more than this model's dimension ({dim})"
+            )
+        n = base.num_clients
+        self.check(cfg, n + self.m)
+        self.prepare, self.seed, self.dim = prepare, seed, dim
+        self.clients = np.arange(n, n + self.m)
+        self.population = with_canary_clients(base, self.m)
+        self.u = directions(dim, self.limit * self.m, seed)
+
+    def check(self, cfg: Any, num_clients: int) -> None:
+        check_config(cfg, num_clients, self.m)
+
+    def updates(self, cfg: Any, prep: Any, included: np.ndarray) -> dict[int, torch.Tensor]:
+        """Each taking-part canary client's fixed update: C along its direction."""
+        clip = cfg.privacy.clip
+        return {
+            int(c): torch.from_numpy(clip * self.u[:, i]).float()
+            for i, c in enumerate(self.clients)
+            if included[i]
+        }
+
+    def train(
+        self, cfg: Any, included: np.ndarray, progress: Callable[[int], None] | None
+    ) -> Trained:
+        ids = self.clients
+        prep = self.prepare(cfg, self.population)
+        loop = self.run(prep, self.updates(cfg, prep, included), ids[~included], progress)
+        took_part = loop.rounds_reported[ids]
+        if np.any(took_part[~included]) or (np.any(included) and not np.any(took_part[included])):
+            raise ConfigError(
+                f"algorithm.name: {cfg.algorithm.name} did not leave the excluded canary clients "
+                "out of its rounds (or took no included one): its plans wait for every client"
+            )
+        scores = final_scores(
+            prep, self.initial, prep.algorithm.plan_evaluation(loop.state), self.u, ids
+        )
+        return Trained(scores, claimed_epsilon(prep, loop), prep, ids)
+
+    def run(
+        self,
+        prep: Any,
+        updates: dict[int, torch.Tensor],
+        absent: np.ndarray,
+        progress: Callable[[int], None] | None,
+    ) -> Any:
+        """The configured rounds with the canary clients' updates, ``absent`` left out of every
+        round; keeps the models the run started from (``initial``)."""
+
+        def make_worker(*args: Any) -> CanaryWorker:
+            return CanaryWorker(*args, canaries=updates)
+
+        gone = np.zeros(prep.dataset.num_clients)
+        gone[absent] = 1.0
+        loop = start_loop(prep, make_worker, gone if len(absent) else None)
+        self.initial = [
+            w.detach().clone() for w in prep.algorithm.plan_evaluation(loop.state).models
+        ]
+        return run_rounds(loop, prep.cfg.rounds, progress)
+
+
+class PairCanaryClients(CanaryClients):
+    """``dprivacy``: ``m`` canary clients, each releasing u1 (its bit set) or u0 of its pair
+    every round it takes part; scored by the final model's move projected on (u1 - u0) / d."""
+
+    view = PAIR_VIEW
+    limit = 2  # canaries per dimension: two directions each (a_i, b_i)
+
+    def check(self, cfg: Any, num_clients: int) -> None:
+        if cfg.privacy.mode not in PAIR_MODES:
+            raise ConfigError(f"privacy.mode: pair canaries audit {' and '.join(PAIR_MODES)} only")
+
+    def distance(self, cfg: Any, prep: Any) -> float:
+        """The distance at which the planned leakage (n / nu per release at norm ``RADIUS``,
+        over the releases a client makes) is ``privacy.epsilon``; at most the diameter 2r."""
+        mode = prep.mode
+        releases = mode.releases_per_client(self.dim) or cfg.rounds
+        per_unit = releases * mode.release_leakage(self.dim) / RADIUS
+        return min((cfg.privacy.epsilon or DEFAULT_CLAIM) / per_unit, 2 * RADIUS)
+
+    def updates(self, cfg: Any, prep: Any, included: np.ndarray) -> dict[int, torch.Tensor]:
+        """Canary i's update: h a_i + (d / 2) b_i where its bit is set, h a_i - (d / 2) b_i where
+        not (both of norm r = ``RADIUS``)."""
+        d = self.distance(cfg, prep)
+        h = math.sqrt(RADIUS**2 - (d / 2) ** 2)
+        a, b = self.u[:, : self.m], self.u[:, self.m :]
+        sign = np.where(included, 1.0, -1.0)
+        pairs = h * a + (d / 2) * sign * b
+        return {int(c): torch.from_numpy(pairs[:, i]).float() for i, c in enumerate(self.clients)}
+
+    def train(
+        self, cfg: Any, included: np.ndarray, progress: Callable[[int], None] | None
+    ) -> Trained:
+        ids = self.clients
+        prep = self.prepare(cfg, self.population)
+        loop = self.run(prep, self.updates(cfg, prep, included), ids[:0], progress)
+        final = prep.algorithm.plan_evaluation(loop.state)
+        scores = final_scores(prep, self.initial, final, self.u[:, self.m :], ids, cosine=False)
+        d = self.distance(cfg, prep)
+        leakage = max(loop.metric_ledger.total(int(c)) for c in ids)
+        self.note = (
+            f"metric: the canary clients' largest ledger leakage ({leakage:.4g}) per unit of "
+            f"their updates' norm ({RADIUS:g}), times their distance ({d:.4g})"
+        )
+        return Trained(scores, leakage / RADIUS * d, prep, ids)

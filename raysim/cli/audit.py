@@ -94,8 +94,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _black_box(args: argparse.Namespace, cfg: Any, out: Path) -> int:
-    """One real training of the configured experiment with input-space canaries, scored from
-    the final models (raysim.audit.blackbox)."""
+    """Real trainings of the configured experiment with canaries, scored from the final models
+    (raysim.audit.blackbox): one with many canaries (--runs 1), or --runs with one each."""
     from tqdm import tqdm
 
     from raysim.audit.blackbox import blackbox_audit
@@ -103,9 +103,10 @@ def _black_box(args: argparse.Namespace, cfg: Any, out: Path) -> int:
     from raysim.compose import prepare_named
     from raysim.config import dump_config
 
-    with tqdm(total=cfg.rounds, desc=f"audit {cfg.privacy.mode} (black-box)", unit="round") as bar:
+    total, unit = (cfg.rounds, "round") if args.runs == 1 else (args.runs, "run")
+    with tqdm(total=total, desc=f"audit {cfg.privacy.mode} (black-box)", unit=unit) as bar:
         result, rows, prep = blackbox_audit(
-            cfg, prepare_named, args.canaries, args.seed, args.confidence, bar.update
+            cfg, prepare_named, args.canaries, args.seed, args.confidence, bar.update, args.runs
         )
     write_audit(out, result, rows, dump_config(prep.recorded_config()))
     print(result.line())
@@ -140,8 +141,9 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
         "--adversary",
         default="white-box",
         help="white-box (what the mode admits to the server; default) or black-box (the final "
-        "models of one real training, --runs 1: input-space canaries for sample and none, "
-        "canary clients for client and distributed)",
+        "models of real trainings, one with many canaries or --runs with one each: input-space "
+        "canaries for sample and none, canary clients for client and distributed, canary "
+        "clients releasing one of a pair for dprivacy)",
     )
     p.add_argument("--confidence", type=float, default=0.95, help="one-sided (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="the audit's seed")
