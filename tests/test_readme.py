@@ -82,6 +82,10 @@ CASES: dict[str, tuple[list[str], bool]] = {
     ),
     "raysim audit configs/audit_digits.yaml --adversary black-box --set rounds=5 "
     "--set training.local_epochs=5 --set training.lr=0.5 --out runs/audit-bb-client": ([], False),
+    "raysim audit configs/audit_digits.yaml --adversary black-box --set privacy.mode=dprivacy "
+    "--set privacy.client_seed=0 --out runs/audit-bb-dprivacy": ([], False),
+    "raysim audit configs/audit_digits.yaml --adversary black-box --runs 1000 "
+    "--out runs/audit-bb-mr": ([], False),
     "raysim compare configs/rdpcfl_fmnist_rotation.yaml --inline --jobs 2 --algorithms rdpcfl "
     "--seeds 0,1 --set training.eval_every=10 --out results/e200-fmnist --resume": (
         TINY_FMNIST,

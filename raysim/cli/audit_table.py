@@ -26,12 +26,16 @@ ROWS: list[tuple[str, list[str], str]] = [
 
 
 # the black-box rows: one real training each, long enough for the canaries to be memorised
-# (and, in sample mode, the clients' seed fixed: their DP-SGD noise is otherwise drawn from the
-# OS, run to run)
+# (and, where the clients draw their own noise, the clients' seed fixed: sample mode's DP-SGD
+# noise and dprivacy's d-private noise are otherwise drawn from the OS, run to run); then the
+# multi-run rows, many trainings of the config's own single round with one canary each
 BLACK_BOX_TRAIN = ["rounds=5", "training.local_epochs=5", "training.lr=0.5"]
-BLACK_BOX_ROWS: list[tuple[str, list[str], tuple[float, ...]]] = [
-    ("sample", ["privacy.mode=sample"], (2.0, 8.0)),
-    ("none", ["privacy.mode=none"], (0.0,)),  # no noise: the attack's power, for scale
+BLACK_BOX_ROWS: list[tuple[str, list[str], tuple[float, ...], int]] = [
+    ("sample", ["privacy.mode=sample", *BLACK_BOX_TRAIN], (2.0, 8.0), 1),
+    ("none", ["privacy.mode=none", *BLACK_BOX_TRAIN], (0.0,), 1),  # no noise: for scale
+    ("dprivacy", ["privacy.mode=dprivacy", *BLACK_BOX_TRAIN], (2.0, 8.0), 1),
+    ("sample", ["privacy.mode=sample"], (2.0,), 200),
+    ("client", ["privacy.mode=client"], (2.0, 8.0), 1000),
 ]
 
 
@@ -83,20 +87,26 @@ def markdown(results: list[AuditResult]) -> str:
     return "\n".join(lines)
 
 
-def black_box_table(client_seed: int = 0) -> list[AuditResult]:
-    """The black-box rows (``--adversary black-box``, default canaries, audit seed 0)."""
+def black_box_table(seed: int = 0) -> list[AuditResult]:
+    """The black-box rows (``--adversary black-box``, default canaries): the one-run rows at
+    audit seed 0 and clients' seed ``seed``, the multi-run rows at audit seed ``seed`` (each
+    run's seeds drawn from it)."""
     from raysim.audit.blackbox import blackbox_audit
     from raysim.compose import for_algorithm, prepare_named
     from raysim.config import load_config
+    from raysim.privacy.modes import mode_class
 
     out = []
-    for _, sets, budgets in BLACK_BOX_ROWS:
+    for _, sets, budgets, runs in BLACK_BOX_ROWS:
         for eps in budgets:
             extra = [f"privacy.epsilon={eps}"] if eps else []
-            if sets != ["privacy.mode=none"]:  # none: the run's seed serves the clients
-                extra.append(f"privacy.client_seed={client_seed}")
-            cfg = for_algorithm(load_config(CONFIG, [*sets, *BLACK_BOX_TRAIN, *extra]))
-            out.append(blackbox_audit(cfg, prepare_named, seed=0)[0])
+            cfg = for_algorithm(load_config(CONFIG, [*sets, *extra]))
+            if runs == 1 and not mode_class(cfg.privacy.mode).trusted_server:
+                cfg = for_algorithm(
+                    load_config(CONFIG, [*sets, *extra, f"privacy.client_seed={seed}"])
+                )
+            audit_seed = 0 if runs == 1 else seed
+            out.append(blackbox_audit(cfg, prepare_named, seed=audit_seed, runs=runs)[0])
     return out
 
 
@@ -134,14 +144,15 @@ def canary_client_markdown(results: list[AuditResult]) -> str:
 
 def black_box_markdown(results: list[AuditResult]) -> str:
     lines = [
-        "| mode | adversary | canaries | claimed eps | audited eps >= (95%) | tightness |",
-        "|---|---|---|---|---|---|",
+        "| mode | method | canaries | runs | claimed eps | audited eps >= (95%) | tightness |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in results:
         claim = "∞" if r.claimed_epsilon == float("inf") else f"{r.claimed_epsilon:.3g}"
         tight = "" if r.tightness != r.tightness else f"{r.tightness:.3f}"
         lines.append(
-            f"| {r.mode} | {r.adversary} | {r.canaries} | {claim} | {r.lower_bound:.3g} | {tight} |"
+            f"| {r.mode} | {r.method} | {r.canaries} | {r.runs} | {claim} | "
+            f"{r.lower_bound:.3g} | {tight} |"
         )
     return "\n".join(lines)
 
@@ -160,13 +171,15 @@ if __name__ == "__main__":
                 bounds = ", ".join(f"{run[i].lower_bound:.3g}" for run in runs)
                 print(f"{label} claimed {r.claimed_epsilon:.3g}: bounds over seeds: {bounds}")
     elif sys.argv[1:2] == ["--black-box"]:
-        # optional: the clients' seeds to measure (the table at the first; the bounds at all)
+        # optional: the seeds to measure (the clients' for the one-run rows, the audit's for
+        # the multi-run rows; the table at the first, the bounds at all)
         seeds = [int(s) for s in sys.argv[2:]] or [0]
         runs = [black_box_table(s) for s in seeds]
         print(black_box_markdown(runs[0]))
         if len(seeds) > 1:
             for i, r in enumerate(runs[0]):
                 bounds = ", ".join(f"{run[i].lower_bound:.3g}" for run in runs)
-                print(f"{r.mode} claimed {r.claimed_epsilon:.3g}: bounds over seeds: {bounds}")
+                what = f"{r.mode} {r.method} ({r.runs} runs)"
+                print(f"{what} claimed {r.claimed_epsilon:.3g}: bounds over seeds: {bounds}")
     else:
         print(markdown(full_table()))
