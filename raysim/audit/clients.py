@@ -271,7 +271,7 @@ class CanaryClients:
     ) -> Trained:
         ids = self.clients
         prep = self.prepare(cfg, self.population)
-        loop = self.run(prep, self.updates(cfg, prep, included), ids[~included], progress)
+        loop, initial = self.run(prep, self.updates(cfg, prep, included), ids[~included], progress)
         took_part = loop.rounds_reported[ids]
         if np.any(took_part[~included]) or (np.any(included) and not np.any(took_part[included])):
             raise ConfigError(
@@ -279,7 +279,7 @@ class CanaryClients:
                 "out of its rounds (or took no included one): its plans wait for every client"
             )
         scores = final_scores(
-            prep, self.initial, prep.algorithm.plan_evaluation(loop.state), self.u, ids
+            prep, initial, prep.algorithm.plan_evaluation(loop.state), self.u, ids
         )
         return Trained(scores, claimed_epsilon(prep, loop), prep, ids)
 
@@ -289,9 +289,9 @@ class CanaryClients:
         updates: dict[int, torch.Tensor],
         absent: np.ndarray,
         progress: Callable[[int], None] | None,
-    ) -> Any:
+    ) -> tuple[Any, list[torch.Tensor]]:
         """The configured rounds with the canary clients' updates, ``absent`` left out of every
-        round; keeps the models the run started from (``initial``)."""
+        round; returns the loop and the models the run started from."""
 
         def make_worker(*args: Any) -> CanaryWorker:
             return CanaryWorker(*args, canaries=updates)
@@ -299,10 +299,8 @@ class CanaryClients:
         gone = np.zeros(prep.dataset.num_clients)
         gone[absent] = 1.0
         loop = start_loop(prep, make_worker, gone if len(absent) else None)
-        self.initial = [
-            w.detach().clone() for w in prep.algorithm.plan_evaluation(loop.state).models
-        ]
-        return run_rounds(loop, prep.cfg.rounds, progress)
+        initial = [w.detach().clone() for w in prep.algorithm.plan_evaluation(loop.state).models]
+        return run_rounds(loop, prep.cfg.rounds, progress), initial
 
 
 class PairCanaryClients(CanaryClients):
@@ -339,9 +337,9 @@ class PairCanaryClients(CanaryClients):
     ) -> Trained:
         ids = self.clients
         prep = self.prepare(cfg, self.population)
-        loop = self.run(prep, self.updates(cfg, prep, included), ids[:0], progress)
+        loop, initial = self.run(prep, self.updates(cfg, prep, included), ids[:0], progress)
         final = prep.algorithm.plan_evaluation(loop.state)
-        scores = final_scores(prep, self.initial, final, self.u[:, self.m :], ids, cosine=False)
+        scores = final_scores(prep, initial, final, self.u[:, self.m :], ids, cosine=False)
         d = self.distance(cfg, prep)
         leakage = max(loop.metric_ledger.total(int(c)) for c in ids)
         self.note = (
