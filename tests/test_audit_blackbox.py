@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import yaml
 
 from raysim.audit.blackbox import blackbox_audit, membership, owners, with_canaries
 from raysim.cli.main import main
@@ -374,4 +375,6 @@ def test_cli_multi_run_black_box_writes_one_row_per_run(tmp_path, capsys):
     assert info["method"] == "multi_run" and info["runs"] == 30 and info["canaries"] == 1
     table = pd.read_parquet(out / "audit.parquet")
     assert list(table.columns) == ["run", "included", "score"] and len(table) == 30
+    recorded = yaml.safe_load((out / "config.yaml").read_text())
+    assert recorded["seed"] == load_config(CONFIG).seed  # as given, not the last run's
     assert "multi_run, black-box adversary" in capsys.readouterr().out

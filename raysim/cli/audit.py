@@ -108,7 +108,9 @@ def _black_box(args: argparse.Namespace, cfg: Any, out: Path) -> int:
         result, rows, prep = blackbox_audit(
             cfg, prepare_named, args.canaries, args.seed, args.confidence, bar.update, args.runs
         )
-    write_audit(out, result, rows, dump_config(prep.recorded_config()))
+    # the multi-run audit draws each run's seeds from --seed: the config as given, not the last
+    recorded = prep.recorded_config() if args.runs == 1 else cfg
+    write_audit(out, result, rows, dump_config(recorded))
     print(result.line())
     print(f"claim: {result.claim_note}")
     print(f"results: {out}", file=sys.stderr)
