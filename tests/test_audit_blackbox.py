@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
-from raysim.audit.blackbox import blackbox_audit, membership, owners, with_canaries
+from raysim.audit.blackbox import blackbox_audit
+from raysim.audit.inputs import owners, with_canaries
+from raysim.audit.training import membership
 from raysim.cli.main import main
 from raysim.compose import for_algorithm, prepare_named
 from raysim.config import load_config

@@ -1,5 +1,6 @@
 """What a process imports: a client worker of a run without DP never loads the accountant, and
-the coordinator's round loop loads neither scipy.stats nor scikit-learn until it uses them."""
+the coordinator's round loop loads neither scipy.stats nor scikit-learn until it uses them; and
+what imports what: no module imports one that imports it back."""
 
 from __future__ import annotations
 
@@ -156,3 +157,32 @@ print(rdp <= 4.0, 0 < pld_eps <= rdp)
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.split("\n")[:2] == ["[] True", "True True"], out.stdout + out.stderr
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    """The layers hold at module level too: no import cycle among raysim's, the algorithms' and
+    the sweeps' modules (grimp's graph, as import-linter reads it, annotations left out; the
+    strongly connected components by scipy). A cycle names its modules."""
+    import grimp
+    import numpy as np
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    graph = grimp.build_graph("raysim", "algorithms", "tune", exclude_type_checking_imports=True)
+    modules = sorted(graph.modules)
+    index = {m: i for i, m in enumerate(modules)}
+    edges = [
+        (index[m], index[i])
+        for m in modules
+        for i in graph.find_modules_directly_imported_by(m)
+        if i in index
+    ]
+    rows, cols = zip(*edges, strict=True)
+    adjacency = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(modules),) * 2)
+    _, labels = connected_components(adjacency, directed=True, connection="strong")
+    sizes = np.bincount(labels)
+    cycles = [
+        sorted(m for m, lab in zip(modules, labels, strict=True) if lab == c)
+        for c in np.flatnonzero(sizes > 1)
+    ]
+    assert not cycles, cycles

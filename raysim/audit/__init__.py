@@ -4,3 +4,8 @@
 PARTICIPATION = ("hidden", "told")
 # what the adversary sees: what the mode admits to the server, or only the final models
 ADVERSARY = ("white-box", "black-box")
+# the black-box audit's canaries per mode: mislabelled inputs (raysim.audit.inputs), canary
+# clients (raysim.audit.clients), canary clients releasing one of a pair (metric DP)
+INPUT_MODES = ("sample", "none")
+CLIENT_MODES = ("client", "distributed")
+PAIR_MODES = ("dprivacy",)

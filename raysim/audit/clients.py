@@ -57,22 +57,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.audit.blackbox import (
+from raysim.audit import CLIENT_MODES, PAIR_MODES
+from raysim.audit.canaries import directions
+from raysim.audit.training import (
     CLAIM_NOTE,
-    PAIR_MODES,
     Trained,
     claimed_epsilon,
     on_judged_models,
     run_rounds,
     start_loop,
 )
-from raysim.audit.canaries import directions
 from raysim.config import ConfigError
 from raysim.data.federated import FederatedDataset, make_table
 from raysim.runtime.worker import ClientWorker
 from raysim.training.config import TrainResult
 
-MODES = ("client", "distributed")
 VIEW = "final models (black-box: the move of each canary client's model along its direction)"
 PAIR_VIEW = (
     "final models (black-box: the move of each canary client's model along the difference of "
@@ -85,8 +84,8 @@ DEFAULT_CLAIM = 2.0  # the pair canaries' claim where privacy.epsilon is not set
 
 def check_config(cfg: Any, num_clients: int, m: int) -> None:
     """Refuse what the canary clients cannot audit soundly, naming the field."""
-    if cfg.privacy.mode not in MODES:
-        raise ConfigError(f"privacy.mode: canary clients audit {' and '.join(MODES)} only")
+    if cfg.privacy.mode not in CLIENT_MODES:
+        raise ConfigError(f"privacy.mode: canary clients audit {' and '.join(CLIENT_MODES)} only")
     if cfg.training.sampling != "poisson":
         raise ConfigError(
             "training.sampling: the canary-client audit includes or leaves out whole clients "
