@@ -110,7 +110,11 @@ def test_sweep_takes_a_dict_whose_base_is_a_dict(ray_session, tmp_path):
     base = _as_sections({**SMALL, "rounds": 1, "model.name": "linear", "runtime.num_workers": 1})
     base["runtime"]["cpus_per_worker"] = 0.45
     spec = {"name": "api-eps", "base": base, "space": {"privacy.epsilon": {"grid": [2, 8]}}}
+    from raysim.engine import zygote
+
+    kept = zygote.forked()  # the test session's (tests/conftest.py)
     done = sweep(spec, {"algorithm.name": "fedavg"}, out=tmp_path / "s")
+    assert zygote.forked() == kept  # a zygote the sweep did not fork outlives it
     assert done.path == (tmp_path / "s").resolve()
     assert sorted(done.trials["privacy.epsilon"]) == [2, 8]
     assert done.selection["trials"] == 2 and "Papernot" in done.selection["note"]

@@ -147,6 +147,13 @@ def test_what_a_preloaded_dependency_warns_stays_off_the_terminal(tmp_path, monk
     assert not [w for w in caught if "mismatched" in str(w.message)]
 
 
+def test_a_zygote_forked_before_stays_with_its_owner(monkeypatch) -> None:
+    """`raysim compare` and `raysim sweep` let go only of a zygote they forked themselves."""
+    plan = zygote.Plan("raysim-zygote-test", (-1, -1), os.getpid(), forked=True)
+    monkeypatch.setattr(zygote, "PLAN", plan)
+    assert zygote.fork_here() is False and zygote.PLAN is plan and zygote.forked()
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

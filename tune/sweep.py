@@ -385,8 +385,8 @@ def sweep_main(args: argparse.Namespace) -> int:
     from raysim.engine import zygote
 
     runtime = trial_config(sweep.base, {}).runtime
-    if runtime.forks_workers:  # before Ray loads: the trials' processes are forked from it
-        zygote.fork_here()
+    # before Ray loads: the trials' processes are forked from it
+    forked_here = runtime.forks_workers and zygote.fork_here()
     import pandas as pd
 
     from raysim.runtime.resources import alive_nodes
@@ -411,7 +411,8 @@ def sweep_main(args: argparse.Namespace) -> int:
             import ray
 
             ray.shutdown()
-        zygote.release()
+        if forked_here:
+            zygote.release()
     df = pd.DataFrame(trial_rows(grid, sweep))
     df.to_parquet(out / "trials.parquet", index=False)
     plot_sweep(df, sweep, out)

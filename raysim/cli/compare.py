@@ -436,12 +436,12 @@ def run_all(
         return _run_parallel(jobs, out, overwrite, parallel)
     from raysim.engine import zygote
 
-    started = False
+    started = forked_here = False
     kept: Any = contextlib.nullcontext()
     try:
         if not inline:  # one Ray for all the runs, and their actors kept from one run to the next
             if jobs[0].cfg.runtime.forks_workers:  # before Ray loads and any torch operation
-                zygote.fork_here()
+                forked_here = zygote.fork_here()
             from raysim.runtime.resources import check_before_local_ray
             from raysim.runtime.reuse import kept_actors
             from raysim.runtime.session import ensure_ray
@@ -468,7 +468,8 @@ def run_all(
             import ray
 
             ray.shutdown()
-        zygote.release()
+        if forked_here:
+            zygote.release()
     return failed
 
 

@@ -170,13 +170,16 @@ def fork_planned() -> None:
     _fork(PLAN)
 
 
-def fork_here() -> None:
+def fork_here() -> bool:
     """In a driver that runs in-process what ``raysim run`` prepares in a child (``raysim
     compare``, ``raysim sweep``: each actor and Tune trial would import torch and raysim
     afresh), before it imports Ray and before any torch operation: fork the zygote from this
-    process (once). ``release`` lets it go."""
+    process (once). Returns whether this call forked it: only then is it the caller's to let go
+    (``release``); a zygote forked before (by a test session, a notebook) outlives the call."""
     if not forked() and plan() is not None:
         _fork(PLAN)
+        return True
+    return False
 
 
 def _fork(plan: Plan) -> None:
