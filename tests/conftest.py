@@ -1,4 +1,8 @@
-"""One Ray for the whole test session (2 CPUs, no GPU): starting Ray costs seconds."""
+"""One Ray for the whole test session (2 CPUs, no GPU): starting Ray costs seconds. Its
+workers, and those of every Ray a test starts in this process, are forked from one zygote
+(raysim/engine/zygote.py), forked here before anything loads Ray or torch, as `raysim compare`
+forks its own: a worker started afresh spends ~3 CPU-s importing torch and raysim, and every
+run's actors are new workers."""
 
 from __future__ import annotations
 
@@ -9,6 +13,20 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import pytest  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Fork the zygote before collection imports Ray, outside pytest's capture of fds 1 and 2
+    (a zygote forked with them held crashed its workers: "Object ... was not stored")."""
+    from raysim.engine import zygote
+
+    capman = config.pluginmanager.getplugin("capturemanager")
+    if capman is None:
+        zygote.fork_here()  # a no-op where forking is not supported or Ray is loaded already
+        return
+    with capman.global_and_fixture_disabled():
+        zygote.fork_here()
+
 
 RAY_TIMEOUT_S = 180
 
