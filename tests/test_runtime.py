@@ -80,8 +80,8 @@ def test_fractional_gpus_four_placed_fifth_waits():
         from raysim.data import build_federated_dataset
         from raysim.config import load_config
         from algorithms import get_algorithm
-        ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
-                 log_to_driver=False)
+        from raysim.runtime.local_ray import start_local_ray
+        start_local_ray(num_cpus=2, num_gpus=1)  # as a run starts it: seconds sooner
         cfg = load_config(None, ["data.num_clients=4", "data.cluster_sizes=null"])
         ds = ray.put(build_federated_dataset(cfg.data, 0))
         actor = ray.remote(ClientWorker).options(num_cpus=0.1, num_gpus=0.25)

@@ -29,6 +29,9 @@ def _run(tmp_path, name, **overrides):
     return table.drop(columns=["round_seconds"])
 
 
+SEEDED = ("fedavg", 3)
+
+
 @pytest.mark.parametrize(
     ("algorithm", "mode", "group"),
     [
@@ -56,10 +59,11 @@ def test_one_two_three_workers_identical(ray_session, tmp_path, algorithm, mode,
         runs = [_run(tmp_path, f"w{w}", **common, **{"runtime.num_workers": w}) for w in (1, 2, 3)]
         # the coordinator trains shard 0 itself by default; every shard on its own actor instead:
         apart = _run(tmp_path, "apart", **common, **{"runtime.coordinator_trains": False})
-        other = _run(tmp_path, "seed1", **common, seed=1)
+        # that another seed gives other bits (the comparison can fail): once, not per case
+        other = _run(tmp_path, "seed1", **common, seed=1) if (algorithm, group) == SEEDED else None
     assert runs[0].equals(runs[1]) and runs[0].equals(runs[2]), runs
     assert runs[0].equals(apart), (runs[0], apart)
-    assert not runs[0].equals(other)
+    assert other is None or not runs[0].equals(other)
 
 
 def test_groups_are_cut_from_client_ids_and_pieces_keep_them_whole():
