@@ -67,7 +67,7 @@ def test_stop_exits_130_without_traceback_and_marks_the_run(tmp_path, stop):
     metrics = tmp_path / "run.incomplete" / "metrics.parquet"
     deadline = time.monotonic() + 240
     while not metrics.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     assert metrics.exists(), proc.stderr.read() if proc.poll() is not None else "no round ran"
     family = _descendants(proc.pid)  # Ray's processes among them
     if stop == "ctrl-c":
@@ -81,7 +81,7 @@ def test_stop_exits_130_without_traceback_and_marks_the_run(tmp_path, stop):
     assert family
     deadline = time.monotonic() + 30
     while _alive(family) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     assert not _alive(family)  # Ray shut down
     assert not out.exists()
     status = json.loads((tmp_path / "run.incomplete" / "status.json").read_text())

@@ -238,7 +238,7 @@ def test_interrupt_stops_every_parallel_inline_run_and_starts_no_other(tmp_path,
         deadline = time.monotonic() + 240
         while not all(p.is_file() for p in started):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-            time.sleep(0.5)
+            time.sleep(0.1)
         if stop == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
         else:

@@ -283,7 +283,7 @@ def test_workers_are_forked_with_torch_loaded_and_go_with_the_driver() -> None:
         assert third["ppid"] in zygotes and third["torch"], third
         deadline = time.monotonic() + 30  # the driver left: the zygote and its workers go
         while any(_alive(p) for p in workers | zygotes) and time.monotonic() < deadline:
-            time.sleep(0.5)
+            time.sleep(0.1)
         assert not any(_alive(p) for p in workers | zygotes)
     finally:
         for pid in workers | zygotes:
