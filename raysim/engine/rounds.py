@@ -277,7 +277,7 @@ class RoundLoop:
 
     def snapshot(self) -> bytes:
         """A checkpoint's part: everything that changes between rounds, as data
-        (``runtime.checkpoint.encode_state``). Random generators need no saving: every draw is
+        (``state.checkpoint.encode_state``). Random generators need no saving: every draw is
         keyed by (seed, round, client, purpose), so round r+1 after a restore draws exactly what
         it would have drawn in an uninterrupted run."""
         from raysim.state.checkpoint import encode_state

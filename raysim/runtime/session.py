@@ -160,7 +160,7 @@ class ClientsApart:
 
 
 class OnCoordinator:
-    """The coordinator actor as the driver (``runtime.driver.drive``) calls a round loop: each
+    """The coordinator actor as the driver (``engine.driver.drive``) calls a round loop: each
     call a Ray ObjectRef, which the driver waits for."""
 
     def __init__(self, actor: Any) -> None:
