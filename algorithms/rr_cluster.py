@@ -11,6 +11,12 @@ its clipped, noised sum over |S_j|. B = 0 is the base algorithm directly privati
 DP-IFCA / DP-FeSEM baselines); ``small_clusters="global"`` is the GMFSC baseline of appendix
 E.4 (no rebalancing; a cluster with fewer than B updates takes the global model).
 
+Structure: RRCluster holds its base (``self.base``, one ``algorithms.rr_base.ClusterBase``
+picked from ``algorithm.base`` when it is built: the client's choice and training, whether the
+cohort trains as one group, how the server moves the cluster models from the groups) and IFCA's
+round plan (``self.rounds``, ``algorithms.ifca.SelectionRounds``); the identifiers' release, the
+grouping, the rebalancing, the sensitivity and the diagnostics are its own.
+
 Identifiers (``algorithm.identifiers``), client-level DP:
 - ``private`` (default, Theorem 1): the server privatizes the one-hot ids (Gaussian, charged
   with the model sums), groups by the noisy argmax and rebalances on it. Model-sum sensitivity
@@ -49,10 +55,11 @@ import torch
 from pydantic import Field
 
 from algorithms.base import Environment
-from algorithms.clustered import ClusterState
-from algorithms.fedcam import fedcam_moves, joint_sensitivity
-from algorithms.fesem import fesem_step
-from algorithms.ifca import IFCA, IFCAParams
+from algorithms.clustered import ClusteredAlgorithm, ClusterState
+from algorithms.fedcam import AdditiveMoves
+from algorithms.fesem import NearestCentre
+from algorithms.ifca import IFCAParams, LossChoice, SelectionRounds
+from algorithms.rr_base import ClusterBase
 from raysim import privacy as privacy_lib
 from raysim.config import ConfigError
 from raysim.privacy.identifiers import keep_probability, noise_to_signal
@@ -96,9 +103,16 @@ class RRParams(IFCAParams):
     small_clusters: Literal["rebalance", "global"] = "rebalance"  # "global": GMFSC (E.4)
 
 
-class RRCluster(IFCA):
-    """RR-Cluster over IFCA (Algorithm 2), FeSEM (``algorithms.fesem``: how a client chooses)
-    or FedCAM (``algorithms.fedcam``: how the server moves additive models)."""
+# ``algorithm.base``: each value of RRParams.base names one (tests/test_rr_cluster.py checks)
+BASES: dict[str, type[ClusterBase]] = {
+    cls.name: cls for cls in (LossChoice, NearestCentre, AdditiveMoves)
+}
+
+
+class RRCluster(ClusteredAlgorithm):
+    """RR-Cluster over a base (``self.base``, from ``algorithm.base``: IFCA, Algorithm 2; FeSEM,
+    ``algorithms.fesem``: how a client chooses; FedCAM, ``algorithms.fedcam``: how the server
+    moves additive models), with IFCA's round plan (``self.rounds``)."""
 
     name = "rr_cluster"
     Params = RRParams
@@ -113,12 +127,9 @@ class RRCluster(IFCA):
             )
         super().__init__(env)
         self.check_params(self.params)
-        if self.params.base == "fedcam" and not self.server_opt.plain:
-            raise ConfigError(
-                "algorithm.server_optimizer: base fedcam moves each model's global and cluster "
-                "parts together, by plain sgd only (server_momentum 0); FedOpt runs with base "
-                "ifca or fesem"
-            )
+        self.base: ClusterBase = BASES[self.params.base](self)
+        self.base.check()
+        self.rounds = SelectionRounds(self)
         k = self.num_clusters()
         cohort = self.cfg.training.sampling_rate * env.num_clients
         if self.params.B * k > cohort:
@@ -134,10 +145,14 @@ class RRCluster(IFCA):
 
     # -- privacy ---------------------------------------------------------------------------
     def privacy_needs(self) -> PrivacyNeeds:
+        """No exponential-mechanism choices (the trusted server privatizes the identifiers):
+        the model sums and the ids, accounted or not."""
         if self.params.identifiers == "unaccounted":
             s = self.params.id_noise_to_signal
-            return PrivacyNeeds(self.dpsgd_schedule, unaccounted_id_noise=s)
-        return PrivacyNeeds(self.dpsgd_schedule, id_noise_ratio=self.params.id_noise_ratio)
+            needs = PrivacyNeeds(self.dpsgd_schedule, unaccounted_id_noise=s)
+        else:
+            needs = PrivacyNeeds(self.dpsgd_schedule, id_noise_ratio=self.params.id_noise_ratio)
+        return self.rounds.needs(needs)
 
     def id_noise_to_signal(self, noise: dict[str, Any]) -> float | None:
         """s of the per-client ids the grouping sees, under the view's ``noise`` (empty: the
@@ -169,22 +184,22 @@ class RRCluster(IFCA):
             out["id_count_noise_std"] = sens * noise["id_noise_multiplier"]
         return out
 
-    def reserved_selections(self) -> int:
-        return 0  # no exponential-mechanism choices: ids are privatized on the server
-
     @property
     def rebalancing_B(self) -> int:
         return self.params.B if self.params.small_clusters == "rebalance" else 0
 
     def model_sensitivity(self) -> float:
-        """Std / z of every model sum; fedcam adds its global sum (``algorithms.fedcam``)."""
+        """Std / z of every model sum: the rebalanced cluster sums', joint with whatever else
+        the base releases beside them (FedCAM's global sum)."""
+        exact = self.params.identifiers == "histogram"  # rebalanced on exact, unreleased ids
+        return self.base.sum_sensitivity(self.group_sensitivity(self.rebalancing_B, exact))
+
+    def group_sensitivity(self, min_size: int, exact_ids: bool = False) -> float:
+        """L2 sensitivity of the k sums of groups of at least ``min_size`` updates (0: no
+        rebalancing), under the run's sampling and ``algorithm.sensitivity`` rule."""
         replace_one = self.cfg.training.sampling == "without_replacement"
         rule, clip = self.params.sensitivity, self.cfg.privacy.clip
-        exact = self.params.identifiers == "histogram"  # rebalanced on exact, unreleased ids
-        cluster = sensitivity(clip, self.rebalancing_B, replace_one, rule, exact_ids=exact)
-        if self.params.base != "fedcam":
-            return cluster
-        return joint_sensitivity(sensitivity(clip, 0, replace_one, rule), cluster)
+        return sensitivity(clip, min_size, replace_one, rule, exact_ids=exact_ids)
 
     def id_ceiling(self, k: int, replace_one: bool) -> dict[str, Any]:
         """The best the accounted ids can do even with infinite model noise: all of eps on the
@@ -215,14 +230,22 @@ class RRCluster(IFCA):
                 out["accounting_warning"] = PAPER_RULE_WARNING
         return out
 
-    # -- clients ---------------------------------------------------------------------------
+    # -- the round plan: IFCA's -------------------------------------------------------------
+    def may_select(self, round: int) -> bool:
+        return self.rounds.may_select(round)
+
+    def init_state(self, rng: np.random.Generator) -> ClusterState:
+        return self.rounds.init_state(rng)
+
+    def plan_round(self, state: ClusterState, round: int, rng: np.random.Generator) -> RoundPlan:
+        return self.rounds.plan(state, round, rng)
+
+    # -- clients: the base's ---------------------------------------------------------------
     def client_step(self, task: ClientTask, ctx: ClientContext) -> ClientReport:
-        if self.params.base == "fesem" and task.extra.get("select"):
-            return fesem_step(self, task, ctx)
-        return super().client_step(task, ctx)
+        return self.base.client_step(task, ctx)
 
     def trains_in_groups(self) -> bool:
-        return self.params.base != "fesem"  # FeSEM clients train from the centres' mean
+        return self.base.trains_in_groups
 
     # -- server ----------------------------------------------------------------------------
     def group(self, reports: Reports, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -308,15 +331,8 @@ class RRCluster(IFCA):
         group_rng, rng = rng.spawn(2)  # model noise: its own stream
         grouping, counts, moved = self.grouping(reports, k, group_rng)
         groups = grouping.after
-        info = dict(state.info)
-        if self.params.base == "fedcam":
-            g = info.get("global", torch.stack(state.models).mean(0))
-            models, info["global"] = fedcam_moves(
-                self, state.models, g, reports, groups, rng, counts
-            )
-        else:
-            models = self.aggregate_groups(state.models, reports, groups, rng, counts)
-        info["grouping"] = grouping
+        models, kept = self.base.move(state, reports, groups, rng, counts)
+        info = {**state.info, **kept, "grouping": grouping}
         assigned = self.updated_assignments(state, reports)
         metrics = self.cluster_metrics(np.maximum(assigned, 0), k)
         sizes = np.bincount(groups, minlength=k) if groups.size else np.zeros(k, dtype=np.int64)
