@@ -1,11 +1,14 @@
-"""RR-Cluster (algorithms.rr_cluster): B = 0 is the base exactly, identifier privatization,
-one round's privacy event, clustering accuracy, and the synthetic model-collapse case study
-(appendix E.5) run in-process without Ray."""
+"""RR-Cluster (algorithms.rr_cluster): B = 0 is the base exactly, the base as a composed
+object, identifier privatization, one round's privacy event, clustering accuracy, and the
+synthetic model-collapse case study (appendix E.5) run in-process without Ray."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import math
+from pathlib import Path
+from typing import get_args
 
 import dp_accounting as dpa
 import numpy as np
@@ -15,15 +18,18 @@ from conftest import mode_of, releaser_of, view_of
 from test_rdpcfl import env_for
 
 from algorithms import Environment
-from algorithms.ifca import IFCA
-from algorithms.rr_cluster import RRCluster
+from algorithms.fedcam import AdditiveMoves
+from algorithms.fesem import NearestCentre
+from algorithms.ifca import IFCA, LossChoice
+from algorithms.rr_base import ClusterBase
+from algorithms.rr_cluster import BASES, RRCluster, RRParams
 from raysim.config import ConfigError, load_config
 from raysim.engine.experiment import prepare
 from raysim.metrics.evaluation import clustering_accuracy
 from raysim.models import build_model
 from raysim.privacy import epsilon
 from raysim.privacy.identifiers import keep_probability
-from raysim.protocol import ClientContext, Message, RoundPlan
+from raysim.protocol import ClientContext, ClientReport, Message, RoundPlan
 from raysim.seeding import SERVER, numpy_rng
 from raysim.training import LocalTrainer
 
@@ -62,6 +68,82 @@ def test_B_zero_is_ifca_exactly():
     )
     assert all(torch.equal(a, b) for a, b in zip(r1.state.models, r2.state.models, strict=True))
     assert torch.equal(r2.state.models[2], s2.models[2])
+
+
+# ------------------------------------------------------------------------- the composed base
+
+
+def test_an_unknown_base_is_refused_when_the_algorithm_is_built():
+    """``algorithm.base`` takes exactly the bases RR-Cluster has an implementation of: the
+    config's allowed values and the implementations cannot drift apart."""
+    assert set(get_args(RRParams.model_fields["base"].annotation)) == set(BASES)
+    assert {name: cls.name for name, cls in BASES.items()} == {n: n for n in BASES}
+    with pytest.raises(ConfigError, match="algorithm.base: got 'kmeans'; allowed: ifca"):
+        RRCluster(env_for("privacy.mode=none", "algorithm.base=kmeans"))
+
+
+@pytest.mark.parametrize(
+    "name, cls, grouped",
+    [("ifca", LossChoice, True), ("fesem", NearestCentre, False), ("fedcam", AdditiveMoves, True)],
+)
+def test_each_base_is_one_object_picked_once(name, cls, grouped):
+    algo = RRCluster(env_for("privacy.mode=none", f"algorithm.base={name}", "algorithm.B=2"))
+    assert type(algo.base) is cls and algo.base.rr is algo
+    assert algo.trains_in_groups() is grouped  # FeSEM clients train from the centres' mean
+
+
+class Recording(ClusterBase):
+    """A base that records what RR-Cluster asks of it and answers recognisably."""
+
+    name = "recording"
+    trains_in_groups = False
+
+    def __init__(self, rr: RRCluster) -> None:
+        super().__init__(rr)
+        self.calls: list[str] = []
+
+    def client_step(self, task, ctx):
+        self.calls.append("client_step")
+        return ClientReport(task.client_id, None, 1, 1)
+
+    def sum_sensitivity(self, cluster: float) -> float:
+        self.calls.append("sum_sensitivity")
+        return 7 * cluster
+
+    def move(self, state, reports, groups, rng, counts):
+        self.calls.append("move")
+        return [m + 1 for m in state.models], {"mine": len(groups)}
+
+
+def test_rr_cluster_reaches_its_base_only_through_the_object():
+    """Built as ifca, then handed another base: every base-dependent step follows the object it
+    holds, none the configured name (a branch on ``algorithm.base`` would still run IFCA's)."""
+    sets = (*CLIENT, "training.sampling_rate=0.5", "algorithm.num_clusters=2", "algorithm.B=2")
+    algo = RRCluster(env_for(*sets))
+    ifca_sens = algo.model_sensitivity()
+    algo.base = rec = Recording(algo)
+    assert not algo.trains_in_groups()
+    assert algo.model_sensitivity() == pytest.approx(7 * ifca_sens)
+    report = algo.client_step(algo.task(3, cluster=None, select=True), None)
+    assert (report.client_id, report.cluster) == (3, 1)
+    st = algo.init_state(rng())
+    reps = reports_for(algo, 2, n=6)
+    res = algo.server_step(st, RoundPlan([], st.models, round=1), view_of(algo, reps), rng(2))
+    assert all(torch.equal(a, b + 1) for a, b in zip(res.state.models, st.models, strict=True))
+    assert res.state.info["mine"] == 6 and "grouping" in res.state.info
+    assert rec.calls == ["sum_sensitivity", "client_step", "move"]
+
+
+def test_nothing_in_algorithms_branches_on_the_base_name():
+    """The base is picked once (``BASES[params.base]``); no other code compares the name."""
+    compared = []
+    for path in sorted(Path("algorithms").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                names = [node.left, *node.comparators]
+                if any(isinstance(n, ast.Attribute) and n.attr == "base" for n in names):
+                    compared.append(f"{path}:{node.lineno}")
+    assert compared == []
 
 
 def test_rebalancing_feeds_every_cluster():
