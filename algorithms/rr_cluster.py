@@ -145,8 +145,8 @@ class RRCluster(ClusteredAlgorithm):
 
     # -- privacy ---------------------------------------------------------------------------
     def privacy_needs(self) -> PrivacyNeeds:
-        """No exponential-mechanism choices (the trusted server privatizes the identifiers):
-        the model sums and the ids, accounted or not."""
+        """The model sums and the identifiers (charged, or declared unaccounted); no
+        exponential-mechanism choices: the trusted server privatizes the ids."""
         if self.params.identifiers == "unaccounted":
             s = self.params.id_noise_to_signal
             needs = PrivacyNeeds(self.dpsgd_schedule, unaccounted_id_noise=s)

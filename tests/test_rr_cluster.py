@@ -134,6 +134,21 @@ def test_rr_cluster_reaches_its_base_only_through_the_object():
     assert rec.calls == ["sum_sensitivity", "client_step", "move"]
 
 
+@pytest.mark.parametrize("base", sorted(BASES))
+def test_a_checkpoint_holds_the_composed_algorithm(base):
+    """The mode's DP-SGD schedule is a bound method of the algorithm, so a checkpoint holds
+    RR-Cluster with its base and round plan: the restricted decoder takes them back, whole."""
+    from raysim.state.checkpoint import decode_state, encode_state
+
+    sets = (*CLIENT, "training.sampling_rate=0.5", f"algorithm.base={base}", "algorithm.B=2")
+    algo = RRCluster(env_for(*sets))
+    back = decode_state(encode_state({"schedule": algo.dpsgd_schedule}), RRCluster)["schedule"]
+    again = back.__self__
+    assert type(again.base) is BASES[base] and again.base.rr is again and again.rounds.algo is again
+    assert again.model_sensitivity() == algo.model_sensitivity()
+    assert back(10) == algo.dpsgd_schedule(10)
+
+
 def test_nothing_in_algorithms_branches_on_the_base_name():
     """The base is picked once (``BASES[params.base]``); no other code compares the name."""
     compared = []
