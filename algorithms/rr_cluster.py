@@ -127,6 +127,21 @@ class RRCluster(ClusteredAlgorithm):
             )
         super().__init__(env)
         self.check_params(self.params)
+        q = self.cfg.training.sampling_rate
+        if self.params.selection_fraction < 1 and q < 1:
+            raise ConfigError(
+                f"algorithm.selection_fraction: after the selection window a client trains the "
+                f"cluster it last chose, and at training.sampling_rate={q:g} some clients are "
+                "first sampled after it, with no choice to keep; leave selection_fraction at 1 "
+                "(each sampled client chooses, as in RR-Cluster's Algorithm 2) or sample every "
+                "client (training.sampling_rate=1)"
+            )
+        if self.params.base == "fedcam" and self.params.small_clusters == "global":
+            raise ConfigError(
+                "algorithm.small_clusters: global (GMFSC) gives a small cluster the global "
+                "model, and base fedcam keeps a global part of its own that it moves every "
+                "round; use small_clusters=rebalance with base fedcam, or base ifca or fesem"
+            )
         self.base: ClusterBase = BASES[self.params.base](self)
         self.base.check()
         self.rounds = SelectionRounds(self)

@@ -178,6 +178,20 @@ def test_client_mode_needs_fixed_cohorts_and_small_B():
         RRCluster(env_for(*CLIENT, "training.sampling_rate=0.5", "algorithm.B=3"))
 
 
+def test_settings_that_could_not_run_or_would_be_ignored_are_refused():
+    """A selection window at a sampling rate below 1 left clients first sampled after it with
+    no choice to keep (round 2 failed with a TrustBoundaryError); GMFSC's global fallback was
+    silently skipped under base fedcam. Both are refused when the algorithm is built, and the
+    settings that work still build."""
+    SMALL = (*CLIENT, "algorithm.B=0")
+    with pytest.raises(ConfigError, match="algorithm.selection_fraction"):
+        RRCluster(env_for(*SMALL, "training.sampling_rate=0.5", "algorithm.selection_fraction=0.3"))
+    RRCluster(env_for(*SMALL, "training.sampling_rate=1", "algorithm.selection_fraction=0.3"))
+    with pytest.raises(ConfigError, match="algorithm.small_clusters"):
+        RRCluster(env_for(*SMALL, "algorithm.base=fedcam", "algorithm.small_clusters=global"))
+    RRCluster(env_for(*SMALL, "algorithm.base=fesem", "algorithm.small_clusters=global"))
+
+
 def test_identifiers_are_privatized():
     """Small id noise keeps the clients' choices, large noise scrambles them; the grouping only
     ever sees the noisy argmax."""

@@ -59,6 +59,8 @@ ENGINE_MODULES = (
     "raysim.server.aggregation",
     "raysim.config",
     "raysim.metrics.evaluation",
+    "raysim.models.pretrain",
+    "raysim.models.spec",
     "raysim.privacy.modes.base",
     "raysim.privacy.modes.client",
     "raysim.privacy.modes.distributed",
