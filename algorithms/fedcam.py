@@ -46,6 +46,12 @@ class AdditiveMoves(LossChoice):
                 "parts together, by plain sgd only (server_momentum 0); FedOpt runs with base "
                 "ifca or fesem"
             )
+        if self.rr.params.small_clusters == "global":
+            raise ConfigError(
+                "algorithm.small_clusters: global (GMFSC) gives a small cluster the global "
+                "model, and base fedcam keeps a global part of its own that it moves every "
+                "round; use small_clusters=rebalance with base fedcam, or base ifca or fesem"
+            )
 
     def sum_sensitivity(self, cluster: float) -> float:
         return joint_sensitivity(self.rr.group_sensitivity(0), cluster)

@@ -136,12 +136,6 @@ class RRCluster(ClusteredAlgorithm):
                 "(each sampled client chooses, as in RR-Cluster's Algorithm 2) or sample every "
                 "client (training.sampling_rate=1)"
             )
-        if self.params.base == "fedcam" and self.params.small_clusters == "global":
-            raise ConfigError(
-                "algorithm.small_clusters: global (GMFSC) gives a small cluster the global "
-                "model, and base fedcam keeps a global part of its own that it moves every "
-                "round; use small_clusters=rebalance with base fedcam, or base ifca or fesem"
-            )
         self.base: ClusterBase = BASES[self.params.base](self)
         self.base.check()
         self.rounds = SelectionRounds(self)
