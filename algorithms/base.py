@@ -16,10 +16,10 @@ from pydantic import ConfigDict, ValidationError
 from raysim.config import ConfigError, ConfigModel, ExperimentConfig, format_validation_error
 from raysim.models import ModelSpec, model_spec
 from raysim.privacy import Phase
-from raysim.privacy.modes.base import PrivacyNeeds
-from raysim.privacy.modes.view import Reports
+from raysim.privacy.needs import PrivacyNeeds
 from raysim.privacy.planning import dpsgd_round_phase
 from raysim.privacy.sampling import sample_cohort
+from raysim.privacy.view import Reports
 from raysim.protocol import (
     ClientContext,
     ClientReport,
@@ -127,7 +127,7 @@ class Algorithm(ABC):
         rng: np.random.Generator,
     ) -> ServerResult:
         """``reports``: what the privacy mode lets the server see (its ``admit``): its
-        messages and the aggregations it releases (``raysim.privacy.modes.view``)."""
+        messages and the aggregations it releases (``raysim.privacy.view``)."""
 
     # -- evaluation ----------------------------------------------------------------------------
     @abstractmethod
@@ -198,7 +198,7 @@ class FederatedAlgorithm(Algorithm):
     def broadcast_width(self, round: int, dim: int) -> int:
         """The width of the models training round ``round`` broadcasts, for a client model of
         ``dim`` weights: the clients take no other
-        (``raysim.privacy.modes.device.check_broadcast``). An algorithm whose rounds send something
+        (the devices' ``check_broadcast``). An algorithm whose rounds send something
         else says so here, from its plan alone."""
         return dim
 

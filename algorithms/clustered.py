@@ -33,8 +33,8 @@ from pydantic import ConfigDict, Field
 from algorithms.base import Environment, FederatedAlgorithm, broadcast_model
 from raysim.config import ConfigModel
 from raysim.models import build_from_spec, flat_params
-from raysim.privacy.modes.base import PrivacyNeeds
-from raysim.privacy.modes.view import Reports
+from raysim.privacy.needs import PrivacyNeeds
+from raysim.privacy.view import Reports
 from raysim.protocol import (
     ClientContext,
     ClientReport,

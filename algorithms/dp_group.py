@@ -4,7 +4,7 @@ their parameters with d-privacy, and a server that clusters the sanitized parame
 Round t: U sampled clients each pick the hypothesis with the lowest loss on their data
 (argmin_j F_c(theta_j), exact: the choice is revealed by design), run local SGD from it and
 release theta_hat = theta_j + (delta + rho) with rho ~ L_eps, eps = n / (nu ||delta||)
-(the ``dprivacy`` mode, raysim.privacy.modes.dprivacy). The server runs k-means on the released
+(the ``dprivacy`` mode). The server runs k-means on the released
 parameter vectors, initialised at the current k hypotheses (n_init = 1, line 9), and sets each
 hypothesis to its members' mean (line 10); an empty cluster keeps its hypothesis. Ablation
 ``server_clustering: client_choice``: the clients' own choices group the vectors (IFCA on

@@ -22,7 +22,7 @@ import torch
 
 from algorithms.ifca import LossChoice
 from raysim.config import ConfigError
-from raysim.privacy.modes.view import Reports
+from raysim.privacy.view import Reports
 
 if TYPE_CHECKING:
     from algorithms.clustered import ClusterState

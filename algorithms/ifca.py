@@ -27,8 +27,8 @@ from algorithms.clustered import (
     random_models,
 )
 from algorithms.rr_base import ClusterBase
-from raysim.privacy.modes.base import PrivacyNeeds
-from raysim.privacy.modes.view import Reports
+from raysim.privacy.needs import PrivacyNeeds
+from raysim.privacy.view import Reports
 from raysim.protocol import (
     ClientContext,
     ClientReport,

@@ -55,8 +55,8 @@ from algorithms.clustered import model_scores
 from raysim.config import ConfigError, ConfigModel
 from raysim.privacy import SKETCH_DIM
 from raysim.privacy.mechanisms import sketch_projection
-from raysim.privacy.modes import PrivacyNeeds
-from raysim.privacy.modes.view import Reports
+from raysim.privacy.needs import PrivacyNeeds
+from raysim.privacy.view import Reports
 from raysim.protocol import (
     ClientContext,
     ClientReport,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from raysim.privacy.modes.view import Reports
+from raysim.privacy.view import Reports
 from raysim.protocol import ClientContext, ClientReport, ClientTask
 
 if TYPE_CHECKING:

@@ -63,8 +63,8 @@ from algorithms.rr_base import ClusterBase
 from raysim import privacy as privacy_lib
 from raysim.config import ConfigError
 from raysim.privacy.identifiers import keep_probability, noise_to_signal
-from raysim.privacy.modes.base import PrivacyNeeds
-from raysim.privacy.modes.view import Reports
+from raysim.privacy.needs import PrivacyNeeds
+from raysim.privacy.view import Reports
 from raysim.protocol import (
     ClientContext,
     ClientReport,

@@ -19,7 +19,8 @@ from raysim import privacy as privacy_lib
 from raysim.cli.main import main
 from raysim.config import load_config
 from raysim.privacy.events import dp_event
-from raysim.privacy.modes import PrivacyNeeds, TrustBoundaryError, make_mode
+from raysim.privacy.modes import TrustBoundaryError, make_mode
+from raysim.privacy.needs import PrivacyNeeds
 from raysim.privacy.planning import CentralPlan
 from raysim.state.checkpoint import load_checkpoint
 from raysim.state.rundir import staging_dir

@@ -122,7 +122,7 @@ def test_a_checkpoint_from_before_the_layout_resumes(monkeypatch):
 
     import numpy as np
 
-    from raysim.privacy.modes.base import PrivacyNeeds
+    from raysim.privacy.needs import PrivacyNeeds
     from raysim.server.rebalancing import Grouping
 
     state = {"g": Grouping(np.arange(3), np.zeros(3), np.array([0, 0, 1])), "n": PrivacyNeeds(None)}

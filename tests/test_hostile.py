@@ -555,12 +555,12 @@ def test_secure_aggregation_shows_no_client_vector_and_no_sum_of_messages():
 
 def test_algorithms_never_dispatch_on_the_privacy_mode():
     """The acceptance of the engine-owned mode, kept: no algorithm builds, imports or branches
-    on a mode (it asks its view, ``raysim.privacy.modes.view``, and its context's releaser)."""
+    on a mode (it asks its view, ``raysim.privacy.view``, and its context's releaser)."""
     import pathlib
     import re
 
     forbidden = re.compile(
-        r"central_noise|secure_aggregation|SecureSums|make_mode|privacy\.mode\b|PrivacyMode\b"
+        r"central_noise|secure_aggregation|SecureSums|make_mode|privacy\.modes?\b|PrivacyMode\b"
         r"|self\.privacy\b"
     )
     root = pathlib.Path(__file__).resolve().parents[1] / "algorithms"

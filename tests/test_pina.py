@@ -28,7 +28,7 @@ from raysim.engine.experiment import prepare
 from raysim.privacy import Released
 from raysim.privacy.modes import TrustBoundaryError
 from raysim.privacy.modes.distributed import SKETCH_MECHANISM
-from raysim.privacy.modes.view import SecureReports
+from raysim.privacy.view import SecureReports
 from raysim.protocol import ClientReport, Message, RoundPlan, SecureContribution, SecureSums
 from raysim.runtime.inline import inline_loop
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from raysim.privacy import PrivacyLedger, clip_l2
-from raysim.privacy.modes.view import SecureReports
+from raysim.privacy.view import SecureReports
 from raysim.protocol import ClientReport, ClientTask, Message, RoundPlan
 from raysim.seeding import SERVER, numpy_rng, torch_generator
 

@@ -1,8 +1,10 @@
 """Differential privacy in raysim. This package's own modules are the library: mechanisms,
 accounting, calibration and a ledger, plain numpy and ``dp_accounting``, knowing nothing about
 Ray, the config or the algorithms. Above them, in this folder: the plans (``planning``), the
-privacy modes that apply them at the trust boundary (``modes``) and the planned spend of a run
-(``report``); an import-linter contract keeps that order.
+algorithm's side of the contract (``needs``: what it declares; ``view``: what the server step
+receives), the privacy modes that apply them at the trust boundary (``modes``, which no
+algorithm imports) and the planned spend of a run (``report``); import-linter contracts keep
+that order.
 
 Accounting, calibration and the ledger load on first use (PEP 562): the accountant pulls in
 scipy (~0.3 s), which a client worker of a run without DP never needs. dp_accounting's own

@@ -1,3 +1,3 @@
 """The server-side building blocks algorithms share: aggregation and the server optimizer,
 clustering, rebalancing, normality tests. Plain numpy/torch/scikit-learn, no privacy mode: a
-mode's view (``raysim.privacy.modes.view``) decides what reaches them."""
+mode's view (``raysim.privacy.view``) decides what reaches them."""

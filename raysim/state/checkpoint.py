@@ -68,6 +68,7 @@ ENGINE_MODULES = (
     "raysim.privacy.modes.none",
     "raysim.privacy.modes.sample",
     "raysim.privacy.modes.secure",
+    "raysim.privacy.needs",
     "raysim.privacy.planning",
     "raysim.privacy.distributed",
     "raysim.privacy.ledger",
@@ -77,15 +78,18 @@ ENGINE_MODULES = (
 )
 
 
-# where the engine's state classes were before the engine, privacy and server folders: a checkpoint
-# written then names them there, and resumes as one written now
-MOVED_MODULES = {
-    "raysim.aggregation": "raysim.server.aggregation",
-    "raysim.rebalancing": "raysim.server.rebalancing",
-    "raysim.planning": "raysim.privacy.planning",
+# where the engine's state classes were before the engine, privacy and server folders (and
+# PrivacyNeeds before it left the modes): a checkpoint written then names them there, and
+# resumes as one written now. Old module -> the modules its classes are in now.
+MOVED_MODULES: dict[str, tuple[str, ...]] = {
+    "raysim.aggregation": ("raysim.server.aggregation",),
+    "raysim.rebalancing": ("raysim.server.rebalancing",),
+    "raysim.planning": ("raysim.privacy.planning",),
+    "raysim.modes.base": ("raysim.privacy.modes.base", "raysim.privacy.needs"),
+    "raysim.privacy.modes.base": ("raysim.privacy.needs",),
     **{
-        f"raysim.modes.{m}": f"raysim.privacy.modes.{m}"
-        for m in ("base", "client", "distributed", "dprivacy", "none", "sample", "secure")
+        f"raysim.modes.{m}": (f"raysim.privacy.modes.{m}",)
+        for m in ("client", "distributed", "dprivacy", "none", "sample", "secure")
     },
 }
 
@@ -184,7 +188,7 @@ def allowed_globals(algorithm: type | None = None) -> list[Any]:
     moved = [
         (cls, f"{old}.{cls.__qualname__}")
         for old, new in MOVED_MODULES.items()
-        for cls in _classes_of([new])
+        for cls in _classes_of(new)
     ]
     return [
         *_classes_of(modules),

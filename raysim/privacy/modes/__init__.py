@@ -12,12 +12,13 @@ import numpy as np
 
 from raysim import config as config_module
 from raysim.config import ConfigError, ExperimentConfig, import_named
-from raysim.privacy.modes.base import PrivacyMode, PrivacyNeeds, TrustBoundaryError
+from raysim.privacy.modes.base import PrivacyMode, TrustBoundaryError
 from raysim.privacy.modes.client import ClientLevel
 from raysim.privacy.modes.distributed import Distributed
 from raysim.privacy.modes.dprivacy import MetricLocal
 from raysim.privacy.modes.none import NoPrivacy
 from raysim.privacy.modes.sample import SampleLevel
+from raysim.privacy.needs import PrivacyNeeds
 
 MODES: dict[str, type[PrivacyMode]] = {
     cls.name: cls for cls in (NoPrivacy, SampleLevel, ClientLevel, Distributed, MetricLocal)

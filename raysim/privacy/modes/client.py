@@ -28,8 +28,8 @@ from raysim.config import ConfigError
 from raysim.privacy import Released, clip_l2, gaussian_mechanism, geometric_clip_update
 from raysim.privacy import privatize_onehot as _privatize_onehot
 from raysim.privacy.modes.base import PrivacyMode, TrustBoundaryError
-from raysim.privacy.modes.view import NoisyReports
 from raysim.privacy.planning import CentralPlan
+from raysim.privacy.view import NoisyReports
 from raysim.protocol import Charge, ClientReport, Message, RoundPlan, SealedUpdate
 
 ID_MECHANISMS = ("identifier_gaussian", "identifier_histogram")  # charged at plan.id_noise

@@ -69,8 +69,8 @@ from raysim.privacy.modes.secure import (
     client_noise_share,
     contribution_sensitivity,
 )
-from raysim.privacy.modes.view import SecureReports
 from raysim.privacy.planning import refuse_over_budget
+from raysim.privacy.view import SecureReports
 from raysim.protocol import (
     Aborted,
     Charge,
