@@ -6,6 +6,7 @@ and the engine never imports them; the runtime calls these methods wherever it p
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -131,8 +132,13 @@ class Algorithm(ABC):
 
     # -- evaluation ----------------------------------------------------------------------------
     @abstractmethod
-    def plan_evaluation(self, state: Any) -> RoundPlan:
-        """One task per client: which model (task.cluster) or personal state it is judged on."""
+    def plan_evaluation(self, state: Any, clients: Sequence[int] | None = None) -> RoundPlan:
+        """One task per client of ``clients`` (the engine's evaluation cohort, sorted; None:
+        every client): which model (task.cluster) or personal state it is judged on."""
+
+    def evaluated(self, clients: Sequence[int] | None) -> Sequence[int]:
+        """The clients an evaluation plans for: the engine's cohort, or the whole population."""
+        return range(self.env.num_clients) if clients is None else [int(c) for c in clients]
 
     def client_evaluate(self, task: ClientTask, ctx: ClientContext) -> EvalReport:
         model = broadcast_model(task)

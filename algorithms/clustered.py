@@ -23,6 +23,7 @@ eps_select * n * gap: at n = 2666 (the paper's FMNIST clients) eps_select = 0.05
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -232,14 +233,16 @@ class ClusteredAlgorithm(FederatedAlgorithm):
         than on the server's assignment: where the server does not know the choices."""
         return state.assigned is None
 
-    def plan_evaluation(self, state: ClusterState) -> RoundPlan:
+    def plan_evaluation(
+        self, state: ClusterState, clients: Sequence[int] | None = None
+    ) -> RoundPlan:
         if self.evaluates_by_choice(state):
-            tasks = [self.task(c, cluster=0, select=True) for c in range(self.env.num_clients)]
+            tasks = [self.task(c, cluster=0, select=True) for c in self.evaluated(clients)]
             return RoundPlan(tasks, state.models)
         assigned = state.assigned
         tasks = [
             self.task(c, cluster=0 if assigned is None else int(assigned[c]))
-            for c in range(self.env.num_clients)
+            for c in self.evaluated(clients)
         ]
         return RoundPlan(tasks, state.models)
 

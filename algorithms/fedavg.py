@@ -3,6 +3,7 @@ client-level central DP (clip each update, Gaussian noise on the sum; McMahan et
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,5 +37,7 @@ class FedAvg(FederatedAlgorithm):
     ) -> ServerResult:
         return ServerResult(GlobalState(self.aggregate(state.model, reports, rng)))
 
-    def plan_evaluation(self, state: GlobalState) -> RoundPlan:
-        return RoundPlan([self.task(c) for c in range(self.env.num_clients)], [state.model])
+    def plan_evaluation(
+        self, state: GlobalState, clients: Sequence[int] | None = None
+    ) -> RoundPlan:
+        return RoundPlan([self.task(c) for c in self.evaluated(clients)], [state.model])

@@ -9,6 +9,8 @@ With ``model.name=linear`` the whole model is the head, so prefer mlp or cnn.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from algorithms.base import Environment
@@ -63,8 +65,10 @@ class FedPer(FedAvg):
         out[-self.head :] = 0.0
         return out
 
-    def plan_evaluation(self, state: GlobalState) -> RoundPlan:
-        return RoundPlan([self.task(c) for c in range(self.env.num_clients)], [state.model])
+    def plan_evaluation(
+        self, state: GlobalState, clients: Sequence[int] | None = None
+    ) -> RoundPlan:
+        return RoundPlan([self.task(c) for c in self.evaluated(clients)], [state.model])
 
     def client_evaluate(self, task: ClientTask, ctx: ClientContext) -> EvalReport:
         weights = self.personal(ctx.models[0], task.state)

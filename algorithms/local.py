@@ -4,6 +4,8 @@ held by the coordinator, travelling with the task."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from algorithms.base import FederatedAlgorithm
@@ -52,7 +54,7 @@ class Local(FederatedAlgorithm):
     ) -> ServerResult:
         return ServerResult(None)
 
-    def plan_evaluation(self, state: None) -> RoundPlan:
+    def plan_evaluation(self, state: None, clients: Sequence[int] | None = None) -> RoundPlan:
         # Clients that never trained are judged on the initial model (broadcast as model 0).
-        tasks = [self.task(c, cluster=None) for c in range(self.env.num_clients)]
+        tasks = [self.task(c, cluster=None) for c in self.evaluated(clients)]
         return RoundPlan(tasks, [self.env.init_weights])

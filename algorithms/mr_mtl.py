@@ -12,6 +12,7 @@ mean personal model. lam = 0 is local training with a shared start; large lam ap
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -73,6 +74,8 @@ class MRMTL(FederatedAlgorithm):
             model = self.server_opt.move(0, model, mean)
         return ServerResult(GlobalState(model))
 
-    def plan_evaluation(self, state: GlobalState) -> RoundPlan:
+    def plan_evaluation(
+        self, state: GlobalState, clients: Sequence[int] | None = None
+    ) -> RoundPlan:
         # personal models travel as client state; clients that never trained use w_bar
-        return RoundPlan([self.task(c) for c in range(self.env.num_clients)], [state.model])
+        return RoundPlan([self.task(c) for c in self.evaluated(clients)], [state.model])

@@ -42,6 +42,7 @@ cluster of the one-shot k-means on private sketches and train it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -339,8 +340,8 @@ class PINA(FederatedAlgorithm):
         return PinaState(state.models, centroids, state.labels, state.info)
 
     # -- evaluation --------------------------------------------------------------------------
-    def plan_evaluation(self, state: PinaState) -> RoundPlan:
-        tasks = [self.client_task(state, i, "eval") for i in range(self.env.num_clients)]
+    def plan_evaluation(self, state: PinaState, clients: Sequence[int] | None = None) -> RoundPlan:
+        tasks = [self.client_task(state, i, "eval") for i in self.evaluated(clients)]
         return RoundPlan(tasks, list(state.models))
 
     def client_evaluate(self, task: ClientTask, ctx: ClientContext) -> EvalReport:

@@ -143,6 +143,13 @@ class DataConfig(_Section):
         "normal",
         description="synthetic_linear: x ~ N(0, I) or U[-1, 1]^dim.",
     )
+    draws: Literal["per_client", "sequential"] = Field(
+        "per_client",
+        description="How a client's rows are drawn: per_client, from its own generator (seed, "
+        "client), so that any client's rows can be made alone; sequential: one generator "
+        "drawn client after client, as runs made before per-client draws were drawn (to "
+        "reproduce or continue one).",
+    )
 
     @field_validator("dataset")
     @classmethod
@@ -434,11 +441,14 @@ class PrivacyConfig(_Section):
         "rdp",
         description="The privacy accountant of dp_accounting: rdp or pld.",
     )
-    noise_cohort_size: int = Field(
-        10000,
+    noise_cohort_size: int | None = Field(
+        None,
         gt=0,
-        description="distributed: the cohort the noise is sized for (the noise-cohort convention "
-        "of McMahan et al. 2018).",
+        description="distributed: the cohort the noise is sized for. null: the real expected "
+        "cohort (training.sampling_rate x data.num_clients) where the population is simulated "
+        "in full (privacy.population unset or data.num_clients), so the run trains with the "
+        "noise its epsilon pays for; else 10000. A cohort larger than the real one is the "
+        "noise-cohort convention of McMahan et al. 2018, labelled as such in every output.",
     )
     population: int | None = Field(
         None,
@@ -592,6 +602,13 @@ class TrainingConfig(_Section):
         description="Rounds between evaluations on the clients' test sets (the last round is "
         "always evaluated).",
     )
+    eval_clients: int | None = Field(
+        None,
+        gt=0,
+        description="Clients evaluated at each evaluation: a cohort drawn once from the run's "
+        "seed, its mean accuracy given with a 95% confidence interval (a million clients "
+        "cannot all be judged every time); null: every client.",
+    )
     early_stop_patience: int | None = Field(
         None,
         gt=0,
@@ -683,6 +700,13 @@ class RuntimeConfig(_Section):
         True,
         description="A local Ray's workers are forked from a process with torch and raysim loaded "
         "(faster start); false: Ray starts them itself.",
+    )
+    population: Literal["auto", "table", "lazy"] = Field(
+        "auto",
+        description="How the clients' rows reach the workers (the same rows either way): table, "
+        "all built at the start and shared; lazy, each client's made on the worker when it is "
+        "sampled or evaluated (memory and start-up independent of the number of clients); "
+        "auto: lazy where clients share the dataset's images, else table.",
     )
     progress: bool = Field(
         True,
@@ -808,6 +832,10 @@ class ExperimentConfig(_Section):
     def _distributed_defaults(self) -> ExperimentConfig:
         p = self.privacy
         if p.mode != "distributed":
+            # read by distributed only: a run recorded with the 10000 it once defaulted to is
+            # the same run as one without it
+            if p.noise_cohort_size is not None:
+                p.noise_cohort_size = None
             return self
         population = p.population or self.data.num_clients
         if population < self.data.num_clients:
@@ -815,7 +843,7 @@ class ExperimentConfig(_Section):
                 f"privacy.population={population} must be at least data.num_clients="
                 f"{self.data.num_clients}"
             )
-        if p.noise_cohort_size > population:
+        if p.noise_cohort_size is not None and p.noise_cohort_size > population:
             raise ValueError(
                 f"privacy.noise_cohort_size={p.noise_cohort_size} must not exceed the population "
                 f"{population} (privacy.population, default data.num_clients)"

@@ -279,3 +279,27 @@ def test_a_full_disk_marks_the_run_failed_and_leaves_no_partial_file(run, tmp_pa
     assert (stage / CHECKPOINT).read_bytes() == kept
     rundir.lock(stage)  # the lock was given back: this process can take it again
     rundir.release(stage)
+
+
+def test_a_run_recorded_before_draws_continues_as_it_was_drawn(tmp_path, capsys):
+    """A config.yaml without ``data.draws`` was recorded before per-client draws: the run is
+    continued with the sequential draws it was made with, to the uninterrupted run's metrics,
+    and its config.yaml says so from then on."""
+    settings = {**SETTINGS, "data.draws": "sequential"}
+    whole = inline_run(tmp_path / "whole", settings)
+    died = tmp_path / "died"
+    with pytest.raises(KeyboardInterrupt):
+        inline_run(died, settings, die_after=1)
+    config = rundir.staging_dir(died) / "config.yaml"
+    text = config.read_text()
+    assert "  draws: sequential\n" in text
+    config.write_text(text.replace("  draws: sequential\n", ""))  # as raysim wrote it then
+    blob = ck.load_checkpoint(rundir.staging_dir(died))
+    rundir.date_recorded_draws(rundir.staging_dir(died))
+    assert "predates data.draws" in capsys.readouterr().err
+    resolved = config.read_text()
+    assert "  draws: sequential\n" in resolved
+    ck.check_config(blob, resolved, "resume")  # the checkpoint's record: the same run
+    assert inline_run(died, settings, resume=blob).equals(whole)
+    per_client = inline_run(tmp_path / "per_client", SETTINGS)
+    assert not per_client.equals(whole)  # the draws decide the population

@@ -131,9 +131,9 @@ def table_order(out: Path) -> list[str]:
 
 
 DISTRIBUTED_EPS_NOTE = (
-    "Distributed DP (eps A (noise-cohort, participation hidden) / B (no amplification)): A is "
-    "accounted for a cohort of privacy.noise_cohort_size Poisson-sampled from "
-    "privacy.population, and holds only where who took part is hidden from the server; B is "
+    "Distributed DP (eps A (amplified by sampling, participation hidden) / B (no "
+    "amplification)): A is accounted for a cohort of privacy.noise_cohort_size Poisson-sampled "
+    "from privacy.population, and holds only where who took part is hidden from the server; B is "
     "the same noise with every secure sum composed (sampling rate 1), what holds where the "
     "server sees the cohort."
 )
@@ -414,6 +414,7 @@ def _job(cfg: Any, out: Path, overwrite: bool, resume: bool) -> Job | None:
             return None
         rundir.check_target(target, overwrite=False)  # anything else there: refused
         return Job(cfg, False)
+    rundir.date_recorded_draws(stage)
     cfg = same_settings(stage)
     done = rundir.unfinished(stage).rounds_done  # a staging directory: never None
     print(f"raysim compare: {label}: continuing after round {done}", file=sys.stderr)

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             rundir.release(target)
     rundir.lock(stage)  # one writer: a second --resume, or a run onto it, is refused
     try:
+        rundir.date_recorded_draws(stage)
         return _resume_locked(args, target, stage)
     finally:
         rundir.release(stage)
@@ -547,6 +549,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def _say_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """raysim's own warnings (e.g. clients sharing the dataset's images) as a line in its
+    words; any other library's as Python shows them."""
+    if Path(filename).resolve().is_relative_to(Path(__file__).resolve().parents[1]):
+        print(f"raysim: {message}", file=sys.stderr if file is None else file)
+    else:
+        _show_warning(message, category, filename, lineno, file, line)
+
+
+_show_warning = warnings.showwarning
+
+
 def entry() -> None:
     """The `raysim` command (and `python -m raysim.cli.main`). It leaves without tearing the
     interpreter down, which takes ~1 s once torch and Ray are loaded: when `main` returns,
@@ -555,6 +569,7 @@ def entry() -> None:
     from raysim.state.rundir import stop_on_sigterm
 
     stop_on_sigterm()
+    warnings.showwarning = _say_warning
     code = main()
     if "ray" in sys.modules:
         import ray

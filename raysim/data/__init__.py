@@ -1,7 +1,8 @@
 """Data layer: base datasets, federated partitioning and the zero-copy population container."""
 
 from raysim.data.describe import describe
-from raysim.data.federated import FederatedDataset, build_federated_dataset
+from raysim.data.federated import FederatedDataset, build_federated_dataset, build_population
+from raysim.data.lazy import LazyPopulation
 from raysim.data.load import load_base
 from raysim.data.partition import (
     allocate_dirichlet,
@@ -14,14 +15,19 @@ from raysim.data.partition import (
 from raysim.data.sources import BaseData, DataNotFoundError
 from raysim.data.synthetic import make_synthetic_linear
 
+Population = FederatedDataset | LazyPopulation  # the same rows, built whole or per client
+
 __all__ = [
     "BaseData",
     "DataNotFoundError",
     "FederatedDataset",
+    "LazyPopulation",
+    "Population",
     "allocate_dirichlet",
     "allocate_iid",
     "apply_shift",
     "build_federated_dataset",
+    "build_population",
     "cluster_assignment",
     "describe",
     "load_base",

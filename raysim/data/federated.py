@@ -20,25 +20,32 @@ per batch) or ``torch.from_numpy(x.copy())``.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
+from raysim.data.lazy import ByCluster, LazyPopulation
 from raysim.data.load import load_base
 from raysim.data.partition import (
+    ClientRng,
     allocate_dirichlet,
     allocate_iid,
     allocate_natural,
     apply_shift,
     cluster_assignment,
+    iid_samples_per_client,
+    num_train_for,
+    shared_samples,
     split_as_given,
     split_train_test,
 )
 from raysim.data.public import private_pool
-from raysim.data.seeding import rng_for
+from raysim.data.seeding import client_rng, rng_for
 from raysim.data.sources import BaseData, PixelCodec
 from raysim.data.synthetic import make_synthetic_linear
 
@@ -49,7 +56,7 @@ _VIEWS = ("_x", "_y")
 
 
 @dataclass(eq=False)
-class FederatedDataset:
+class FederatedDataset(ByCluster):
     """All clients' data; rows ordered by client, each client's train rows then its test rows."""
 
     table: pa.Table  # x: fixed_size_list<float32 | uint8>[prod(feature_shape)], y, source_index
@@ -95,14 +102,6 @@ class FederatedDataset:
         self._attach_views()
 
     @property
-    def num_clients(self) -> int:
-        return len(self.true_cluster)
-
-    @property
-    def num_clusters(self) -> int:
-        return int(self.true_cluster.max()) + 1
-
-    @property
     def sizes(self) -> np.ndarray:
         return np.diff(self.offsets)
 
@@ -111,15 +110,8 @@ class FederatedDataset:
         return self.num_train.copy()
 
     @property
-    def test_sizes(self) -> np.ndarray:
-        return self.sizes - self.num_train
-
-    @property
     def nbytes(self) -> int:
         return int(self.table.nbytes)
-
-    def clients_of_cluster(self, k: int) -> np.ndarray:
-        return np.flatnonzero(self.true_cluster == k)
 
     def client_train(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Client i's training ``(x, y)``: float32 x shaped (n, *feature_shape), y a read-only
@@ -138,6 +130,13 @@ class FederatedDataset:
     def _rows(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         x = self._x[lo:hi]
         return (x if self.pixels is None else self.pixels.decode(x)), self._y[lo:hi]
+
+    def cluster_labels(self, k: int) -> tuple[np.ndarray, None]:
+        """The stored labels of cluster k's clients (train and test); None: all of them."""
+        y = self._y
+        return np.concatenate(
+            [y[self.offsets[i] : self.offsets[i + 1]] for i in self.clients_of_cluster(k)]
+        ), None
 
     def client_source_index(self, i: int) -> np.ndarray:
         """Pool index of each of client i's rows (train then test): for tests and debugging."""
@@ -251,10 +250,22 @@ def _allocate(cfg: DataConfig, base: BaseData, seed: int) -> Sequence[np.ndarray
     return _allocate_rows(cfg, base.y, base.num_classes, seed)
 
 
+def client_draws(cfg: DataConfig, seed: int, purpose: str) -> ClientRng | None:
+    """Each client's own generator of ``purpose`` (``data.draws: per_client``), or None where
+    one generator serves client after client (``sequential``)."""
+    if cfg.draws == "sequential":
+        return None
+    return partial(client_rng, seed, purpose)
+
+
 def _allocate_rows(cfg: DataConfig, y: np.ndarray, num_classes: int, seed: int) -> np.ndarray:
     if cfg.dirichlet_alpha is None:
         return allocate_iid(
-            len(y), cfg.num_clients, cfg.samples_per_client, rng_for(seed, "allocate")
+            len(y),
+            cfg.num_clients,
+            cfg.samples_per_client,
+            rng_for(seed, "allocate"),
+            client_draws(cfg, seed, "allocate"),
         )
     return allocate_dirichlet(
         y,
@@ -283,7 +294,85 @@ def file_clusters(
     return clusters
 
 
-def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
+def build_population(
+    cfg: DataConfig, seed: int, kind: str = "auto"
+) -> FederatedDataset | LazyPopulation:
+    """The population a run trains on, as a table or lazily (``runtime.population``: the same
+    rows either way). ``auto``: lazy where clients must share the pool's rows (more clients
+    than the pool fits), where a table would grow past the dataset; else the table."""
+    if kind == "table":
+        return build_federated_dataset(cfg, seed)
+    why = _why_not_lazy(cfg)
+    if why is not None:
+        if kind == "lazy":
+            raise ValueError(f"runtime.population=lazy: {why}; use table or auto")
+        return build_federated_dataset(cfg, seed)
+    base = load_base(cfg.dataset, cfg.root)
+    if base.client is not None:
+        if kind == "lazy":
+            raise ValueError(
+                "runtime.population=lazy: the data's client ids give each client its rows (a "
+                "natural partition, built whole); use table or auto"
+            )
+        return build_federated_dataset(cfg, seed, base)
+    pool = private_pool(base, cfg.public_pretrain_samples) if cfg.public_pretrain_samples else None
+    pool_size = len(base) if pool is None else len(pool)
+    n = iid_samples_per_client(pool_size, cfg.num_clients, cfg.samples_per_client)
+    fits = n * cfg.num_clients <= pool_size
+    if fits and kind == "auto":
+        return build_federated_dataset(cfg, seed, base)
+    clusters = cluster_assignment(cfg.num_clients, cfg.cluster_sizes, cfg.cluster_ratios)
+    order = (
+        rng_for(seed, "allocate").permutation(pool_size)[: n * cfg.num_clients] if fits else None
+    )
+    if not fits:
+        warnings.warn(shared_samples(pool_size, cfg.num_clients, n), stacklevel=2)
+    meta: dict[str, Any] = {"seed": int(seed), "shift": cfg.shift, "shared_samples": not fits}
+    if cfg.public_pretrain_samples:
+        meta["public_pretrain_samples"] = cfg.public_pretrain_samples
+    lazy = LazyPopulation(
+        source=base.features if base.pixels is None else base.pixels,
+        labels=base.y,
+        pool=pool,
+        pool_size=pool_size,
+        order=order,
+        samples_per_client=n,
+        train_rows=num_train_for(n, cfg.train_fraction),
+        seed=int(seed),
+        shift=cfg.shift,
+        true_cluster=clusters,
+        **_described(base, cfg, meta),
+    )
+    lazy.client_train(0)  # a shift the data cannot take is refused now, not on a worker
+    return lazy
+
+
+def _described(base: BaseData, cfg: DataConfig, meta: dict[str, Any]) -> dict[str, Any]:
+    """A population's description of its rows, the same whichever way they are kept."""
+    return {
+        "feature_shape": base.feature_shape,
+        "num_classes": base.num_classes,
+        "task": base.task,
+        "dataset": cfg.dataset,
+        "meta": meta,
+        "pixels": base.codec if base.pixels is not None else None,
+    }
+
+
+def _why_not_lazy(cfg: DataConfig) -> str | None:
+    """Why the config's clients cannot be made one at a time (None: they can)."""
+    if cfg.dataset == "synthetic_linear":
+        return "synthetic_linear generates every client's rows from one stream"
+    if cfg.dirichlet_alpha is not None:
+        return "data.dirichlet_alpha deals the pool's rows out client after client"
+    if cfg.draws == "sequential":
+        return "data.draws=sequential draws each client's split after the one before"
+    return None
+
+
+def build_federated_dataset(
+    cfg: DataConfig, seed: int, base: BaseData | None = None
+) -> FederatedDataset:
     """The population a run trains on, fully determined by ``(cfg, seed)``.
 
     Clusters (``cluster_sizes``/``cluster_ratios``), then per-client samples (uniform or
@@ -307,7 +396,7 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
         allocation = np.arange(len(base), dtype=np.int64).reshape(cfg.num_clients, n)
         meta.update(true_weights=syn.weights, true_bias=syn.bias)
     else:
-        base = load_base(cfg.dataset, cfg.root)
+        base = load_base(cfg.dataset, cfg.root) if base is None else base
         allocation = _allocate(cfg, base, seed)
         if base.client is not None:
             meta["partition"] = "natural"  # the data's client ids
@@ -320,9 +409,9 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
     if base.client is not None and base.train_file_size is not None:
         rows, offsets, num_train = split_as_given(allocation, base.train_file_size)
     else:
-        rows, offsets, num_train = split_train_test(
-            list(allocation), cfg.train_fraction, rng_for(seed, "split")
-        )
+        split = client_draws(cfg, seed, "split") or rng_for(seed, "split")
+        rows, offsets, num_train = split_train_test(list(allocation), cfg.train_fraction, split)
+    meta["shared_samples"] = bool(len(np.unique(rows)) < len(rows))  # clients hold the same rows
     # images travel as their uint8 pixels (rotated as they are), standardised when read
     x = base.images(rows) if base.pixels is None else base.pixels[rows]
     y = base.y[rows]
@@ -333,10 +422,5 @@ def build_federated_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
         offsets=offsets,
         num_train=num_train,
         true_cluster=clusters,
-        feature_shape=base.feature_shape,
-        num_classes=base.num_classes,
-        task=base.task,
-        dataset=cfg.dataset,
-        meta=meta,
-        pixels=base.codec if base.pixels is not None else None,
+        **_described(base, cfg, meta),
     )

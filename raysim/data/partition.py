@@ -7,11 +7,15 @@ the same seed always yields the same clients.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 SHIFTS = ("none", "rotation", "label_flip")
+
+# A client's own generator for one purpose, by client id (``seeding.client_rng``): the
+# per-client draws that let a client's rows be made without drawing anyone else's.
+ClientRng = Callable[[int], np.random.Generator]
 
 
 # ------------------------------------------------------------------------------ cluster structure
@@ -84,28 +88,46 @@ def resolve_samples_per_client(
 
 
 def allocate_iid(
-    pool_size: int, num_clients: int, samples_per_client: int | None, rng: np.random.Generator
+    pool_size: int,
+    num_clients: int,
+    samples_per_client: int | None,
+    rng: np.random.Generator,
+    client_rng: ClientRng | None = None,
 ) -> np.ndarray:
     """Uniform allocation, equal sizes: (num_clients, n) indices into the pool.
 
     While ``num_clients * n <= pool_size`` clients are disjoint (one permutation, cut into
     blocks). Beyond that a sample can no longer be unique: each client then draws its ``n``
-    indices without replacement on its own, so samples repeat across clients (never within one)
-    and a ``UserWarning`` says so. ``n > pool_size`` is an error.
+    indices without replacement on its own (``shared_samples``), so samples repeat across
+    clients (never within one) and a ``UserWarning`` says so. ``n > pool_size`` is an error.
     """
+    n = iid_samples_per_client(pool_size, num_clients, samples_per_client)
+    if n * num_clients <= pool_size:
+        return rng.permutation(pool_size)[: n * num_clients].reshape(num_clients, n)
+    warnings.warn(shared_samples(pool_size, num_clients, n), stacklevel=2)
+    if client_rng is not None:
+        return np.stack(
+            [client_rng(i).choice(pool_size, n, replace=False) for i in range(num_clients)]
+        )
+    return np.stack([rng.choice(pool_size, n, replace=False) for _ in range(num_clients)])
+
+
+def iid_samples_per_client(pool_size: int, num_clients: int, samples_per_client: int | None) -> int:
+    """Each client's samples under the uniform allocation; an error past the pool's size."""
     n = resolve_samples_per_client(pool_size, num_clients, samples_per_client)
     if n > pool_size:
         raise ValueError(
             f"data.samples_per_client={n} exceeds the {pool_size} samples of the dataset"
         )
-    if n * num_clients <= pool_size:
-        return rng.permutation(pool_size)[: n * num_clients].reshape(num_clients, n)
-    warnings.warn(
+    return n
+
+
+def shared_samples(pool_size: int, num_clients: int, n: int) -> str:
+    """What a run says where clients share base samples (a run's summary says it too)."""
+    return (
         f"{num_clients} clients x {n} samples > {pool_size} in the dataset: "
-        "samples are reused across clients (each client's own samples stay distinct)",
-        stacklevel=2,
+        "samples are reused across clients (each client's own samples stay distinct)"
     )
-    return np.stack([rng.choice(pool_size, n, replace=False) for _ in range(num_clients)])
 
 
 def allocate_natural(
@@ -192,10 +214,14 @@ def num_train_for(n: int, train_fraction: float) -> int:
 
 
 def split_train_test(
-    allocation: Sequence[np.ndarray], train_fraction: float, rng: np.random.Generator
+    allocation: Sequence[np.ndarray],
+    train_fraction: float,
+    rng: np.random.Generator | ClientRng,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Shuffle each client's samples and cut them into train then test.
 
+    ``rng``: each client's own generator (``ClientRng``: ``data.draws: per_client``), or one
+    generator drawn from client after client (``sequential``, the draws of earlier versions).
     Returns ``(rows, offsets, num_train)``: ``rows`` are pool indices in population order (client
     0's train rows, its test rows, then client 1...), client i owns
     ``rows[offsets[i]:offsets[i+1]]`` of which the first ``num_train[i]`` are train.
@@ -203,7 +229,12 @@ def split_train_test(
     sizes = np.array([len(a) for a in allocation], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     num_train = np.array([num_train_for(int(s), train_fraction) for s in sizes], dtype=np.int64)
-    rows = np.concatenate([rng.permutation(np.asarray(a, dtype=np.int64)) for a in allocation])
+    rows = np.concatenate(
+        [
+            (rng(i) if callable(rng) else rng).permutation(np.asarray(a, dtype=np.int64))
+            for i, a in enumerate(allocation)
+        ]
+    )
     return rows, offsets, num_train
 
 

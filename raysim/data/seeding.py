@@ -16,3 +16,11 @@ def rng_for(seed: int, purpose: str) -> np.random.Generator:
     if int(seed) < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed}")
     return numpy_rng(int(seed), 0, SERVER, f"data/{purpose}")
+
+
+def client_rng(seed: int, purpose: str, client: int) -> np.random.Generator:
+    """Client ``client``'s own generator of one data-building ``purpose``: its rows are made from
+    (seed, client) alone, without drawing any other client's (lazy populations)."""
+    if int(seed) < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed}")
+    return numpy_rng(int(seed), 0, int(client), f"data/{purpose}")

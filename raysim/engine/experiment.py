@@ -7,6 +7,7 @@ never imports an algorithm.
 
 from __future__ import annotations
 
+import inspect
 import math
 import mmap
 import multiprocessing
@@ -22,7 +23,7 @@ import numpy as np
 
 from raysim import privacy as privacy_lib
 from raysim.config import ConfigError, ExperimentConfig, with_client_seed
-from raysim.data import FederatedDataset, build_federated_dataset
+from raysim.data import Population, build_population
 from raysim.engine import zygote
 from raysim.engine.sealed import Sealed
 from raysim.limits import check_schedule
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 @dataclass
 class Prepared:
     cfg: ExperimentConfig
-    dataset: FederatedDataset
+    dataset: Population
     algorithm: Any  # Sealed when prepared apart
     env: Any  # None when prepared apart
     privacy_summary: dict[str, Any]  # the mode's and the algorithm's, once noise is calibrated
@@ -61,7 +62,7 @@ class Prepared:
         return np.asarray(self.dataset.true_cluster)
 
 
-def initial_weights(cfg: ExperimentConfig, ds: FederatedDataset) -> torch.Tensor:
+def initial_weights(cfg: ExperimentConfig, ds: Population) -> torch.Tensor:
     """Model initialisation drawn from the (seed, 0, server, "model_init") generator."""
     from raysim.models import build_from_spec, flat_params, init_seed, model_spec
 
@@ -73,7 +74,7 @@ def initial_weights(cfg: ExperimentConfig, ds: FederatedDataset) -> torch.Tensor
     return flat_params(model)
 
 
-def check_against_data(cfg: ExperimentConfig, ds: FederatedDataset) -> None:
+def check_against_data(cfg: ExperimentConfig, ds: Population) -> None:
     """The checks that need the population, e.g. delta < 1/n for sample-level DP."""
     if ds.task == "regression" and cfg.model.name not in ("linear", "mlp"):
         raise ConfigError(f"model.name: {cfg.data.dataset} is a regression task; use linear or mlp")
@@ -123,10 +124,10 @@ def note_renormalised_ratios(cfg: ExperimentConfig) -> None:
         print(note, file=sys.stderr)
 
 
-def build_dataset(cfg: ExperimentConfig) -> FederatedDataset:
+def build_dataset(cfg: ExperimentConfig) -> Population:
     note_renormalised_ratios(cfg)
     try:
-        return build_federated_dataset(cfg.data, cfg.seed)
+        return build_population(cfg.data, cfg.seed, cfg.runtime.population)
     except ValueError as exc:  # DataNotFoundError and impossible partitions: user input
         raise ConfigError(str(exc)) from None
 
@@ -135,7 +136,7 @@ def prepare(
     cfg: ExperimentConfig,
     algorithm_cls: Callable[[Any], Any],
     env_cls: Any,
-    dataset: FederatedDataset | None = None,
+    dataset: Population | None = None,
 ) -> Prepared:
     """Build data, model initialisation and the algorithm (which calibrates its noise). The
     clients' seed is taken out of the config first: the algorithm, whose server step is the
@@ -180,6 +181,13 @@ def check_supports(cfg: ExperimentConfig, algorithm_cls: Any) -> None:
     refuses any other before anything is built."""
     from raysim.privacy.modes import mode_class
 
+    plan_evaluation = getattr(algorithm_cls, "plan_evaluation", None)
+    if cfg.training.eval_clients is not None and plan_evaluation is not None:
+        if "clients" not in inspect.signature(plan_evaluation).parameters:
+            raise ConfigError(
+                f"training.eval_clients: algorithm {algorithm_cls.name!r} plans every client's "
+                "evaluation (its plan_evaluation takes no clients); leave it null"
+            )
     allowed = getattr(algorithm_cls, "privacy_modes", ())
     if mode_class(cfg.privacy.mode).contract() not in allowed:
         raise ConfigError(

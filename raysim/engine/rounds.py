@@ -97,6 +97,16 @@ LATER_FIELDS = ("rounds_reported", "unavailable", "judge", "assignment_history",
 MAX_RECORDED_ASSIGNMENTS = 20_000
 
 
+def evaluation_cohort(cfg: ExperimentConfig, num_clients: int) -> np.ndarray | None:
+    """The clients ``training.eval_clients`` judges, sorted: one cohort for the whole run, so
+    that evaluations compare (early stopping) on the same clients; None: every client."""
+    wanted = cfg.training.eval_clients
+    if wanted is None or wanted >= num_clients:
+        return None
+    rng = numpy_rng(cfg.seed, 0, SERVER, "eval_cohort")
+    return np.sort(rng.choice(num_clients, size=wanted, replace=False))
+
+
 class RoundLoop:
     def __init__(
         self,
@@ -273,7 +283,10 @@ class RoundLoop:
 
     def evaluate(self) -> list[EvalReport]:
         """The clients' scores; none where they keep them apart (``judge`` is None)."""
-        return self._run("evaluate", self.algorithm.plan_evaluation(self.state))
+        cohort = evaluation_cohort(self.cfg, self.num_clients)
+        if cohort is None:
+            return self._run("evaluate", self.algorithm.plan_evaluation(self.state))
+        return self._run("evaluate", self.algorithm.plan_evaluation(self.state, clients=cohort))
 
     def snapshot(self) -> bytes:
         """A checkpoint's part: everything that changes between rounds, as data
@@ -310,9 +323,9 @@ class RoundLoop:
             "assignments": self.algorithm.assignments(self.state),
             "assignment_history": self.assignment_history,
             "ledger_rows": self.ledger.rows(),
-            "client_epsilon": [self.ledger.epsilon(c) for c in range(self.num_clients)],
+            "client_epsilon": self.ledger.epsilons(),
             "rounds_reported": self.rounds_reported.tolist(),
             "ledger_summary": self.ledger.summary(),
             "metric_ledger_rows": self.metric_ledger.rows(),
-            "client_leakage": [self.metric_ledger.total(c) for c in range(self.num_clients)],
+            "client_leakage": self.metric_ledger.totals_of(self.num_clients),
         }

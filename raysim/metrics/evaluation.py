@@ -100,6 +100,16 @@ def diagnostics_summary(history: Sequence[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def sample_mean_ci95(values: np.ndarray, population: int) -> float:
+    """Half-width of the normal 95% confidence interval of the population's mean from a simple
+    random sample of it (without replacement: the finite-population correction)."""
+    m = len(values)
+    if m < 2:
+        return float("nan")
+    fpc = (population - m) / (population - 1)
+    return float(1.959963984540054 * np.std(values, ddof=1) / np.sqrt(m) * np.sqrt(fpc))
+
+
 def round_metrics(reports: Sequence[EvalReport], true_clusters: np.ndarray) -> dict[str, Any]:
     acc = np.array([r.accuracy for r in reports], dtype=float)
     loss = np.array([r.loss for r in reports], dtype=float)
@@ -111,6 +121,9 @@ def round_metrics(reports: Sequence[EvalReport], true_clusters: np.ndarray) -> d
         "accuracy_disparity": float(np.max(acc) - np.min(acc)),
         "loss_disparity": float(np.max(loss) - np.min(loss)),
     }
+    if len(reports) < len(true_clusters):  # a sampled evaluation cohort (training.eval_clients)
+        out["evaluated_clients"] = len(reports)
+        out["accuracy_ci95"] = sample_mean_ci95(acc, len(true_clusters))
     for k in np.unique(truth):
         out[f"accuracy_cluster_{k}"] = float(np.mean(acc[truth == k]))
         out[f"loss_cluster_{k}"] = float(np.mean(loss[truth == k]))

@@ -45,36 +45,18 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
     pq.write_table(rows_table(history), out / "metrics.parquet")
 
     truth = np.asarray(prep.truth)
-    assigned = results.get("assignments")
-    eps = results["client_epsilon"]
-    evals = {r.client_id: r for r in results["eval"]}
-    reported = results.get("rounds_reported")  # absent from results made before it was counted
-    clients = [
-        {
-            "client_id": c,
-            "true_cluster": int(truth[c]),
-            "assigned_cluster": None if assigned is None else int(assigned[c]),
-            "accuracy": evals[c].accuracy if c in evals else None,
-            "loss": evals[c].loss if c in evals else None,
-            "num_train": int(prep.dataset.train_sizes[c]),
-            "rounds_reported": reported[c] if reported is not None else None,
-            "epsilon": json_safe(eps[c])
-            if accounts_epsilon(prep.privacy_summary, cfg.privacy.mode)
-            else None,
-        }
-        for c in range(len(truth))
-    ]
+    accounted = accounts_epsilon(prep.privacy_summary, cfg.privacy.mode)
+    clients = client_columns(truth, prep.dataset.train_sizes, results, accounted)
     leakage = results.get("client_leakage")
     if cfg.privacy.mode == "dprivacy" and leakage is not None:  # metric DP: its own ledger
-        for row, total in zip(clients, leakage, strict=True):
-            row["leakage"] = total
+        clients["leakage"] = pa.array(np.asarray(leakage, dtype=np.float64))
         rows = results.get("metric_ledger_rows") or []
         if rows:
             from raysim.metrics.leakage import plot_max_leakage
 
             pq.write_table(rows_table(rows), out / "leakage.parquet")
             plot_max_leakage(rows, truth, out / "leakage.png", rounds=len(history))
-    pq.write_table(rows_table(clients), out / "clients.parquet")
+    pq.write_table(pa.table(clients), out / "clients.parquet")
     history_of_assignments = results.get("assignment_history") or []
     if history_of_assignments:  # long form: one row per (round, client)
         n = len(truth)
@@ -128,6 +110,12 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
     if history and "epsilon_unamplified" in history[-1]:  # distributed: both, labelled
         summary["epsilon_unamplified"] = json_safe(history[-1]["epsilon_unamplified"])
         summary["epsilon_labels"] = dict(EPSILON_LABELS)
+    meta = getattr(prep.dataset, "meta", {})
+    if meta.get("shared_samples"):  # more clients than the dataset holds their samples
+        summary["shared_samples"] = (
+            "clients share base samples: the population's clients hold more samples than the "
+            "dataset has, so some hold the same ones (each client's own stay distinct)"
+        )
     if any("dropped_out" in r for r in history):  # training.client_dropout: how many, in all
         summary["dropped_out"] = sum(r.get("dropped_out", 0) for r in history)
     if any("aborted" in r for r in history):  # privacy.shortfall: abort, rounds that released none
@@ -142,6 +130,39 @@ def write_results(out: Path, prep: Any, results: dict[str, Any]) -> dict[str, An
     (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False))
     plot_run(out)
     return summary
+
+
+def client_columns(
+    truth: np.ndarray, train_sizes: np.ndarray, results: dict[str, Any], accounted: bool
+) -> dict[str, pa.Array]:
+    """clients.parquet's columns, one row per client of the population, built as columns: a
+    million clients' rows as Python dicts took seconds and gigabytes. Null where a client has no
+    value (not evaluated, no assignment, eps not accounted or not finite)."""
+    n = len(truth)
+    accuracy, loss = np.full(n, np.nan), np.full(n, np.nan)
+    no_accuracy, no_loss = np.ones(n, dtype=bool), np.ones(n, dtype=bool)
+    for r in results["eval"]:
+        if r.accuracy is not None:
+            accuracy[r.client_id], no_accuracy[r.client_id] = r.accuracy, False
+        if r.loss is not None:
+            loss[r.client_id], no_loss[r.client_id] = r.loss, False
+    assigned = results.get("assignments")
+    reported = results.get("rounds_reported")  # absent from results made before it was counted
+    eps = np.asarray(results["client_epsilon"], dtype=np.float64)
+    return {
+        "client_id": pa.array(np.arange(n, dtype=np.int64)),
+        "true_cluster": pa.array(truth.astype(np.int64)),
+        "assigned_cluster": pa.nulls(n)
+        if assigned is None
+        else pa.array(np.asarray(assigned, dtype=np.int64)),
+        "accuracy": pa.array(accuracy, mask=no_accuracy),
+        "loss": pa.array(loss, mask=no_loss),
+        "num_train": pa.array(np.asarray(train_sizes, dtype=np.int64)),
+        "rounds_reported": pa.nulls(n)
+        if reported is None
+        else pa.array(np.asarray(reported, dtype=np.int64)),
+        "epsilon": pa.array(eps, mask=~np.isfinite(eps)) if accounted else pa.nulls(n),
+    }
 
 
 def _json_default(o: Any) -> Any:

@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from raysim.privacy.errors import BudgetError, PrivacyConfigError
 from raysim.privacy.mechanisms import d_privacy_epsilon
 
@@ -74,6 +76,13 @@ class MetricLedger:
     def totals(self) -> dict[int, float]:
         """Total leakage of every client that released at least once."""
         return {c: math.fsum(v) for c, v in sorted(self._by_client.items())}
+
+    def totals_of(self, num_clients: int) -> np.ndarray:
+        """Total leakage of each client 0..num_clients-1 (0 for those that never released)."""
+        out = np.zeros(num_clients, dtype=np.float64)
+        for c, total in self.totals().items():
+            out[c] = total
+        return out
 
     def would_exceed(self, client: int, leakage: float) -> bool:
         """Whether releasing ``leakage`` more would take ``client`` past the cap."""

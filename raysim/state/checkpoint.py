@@ -246,6 +246,9 @@ def config_record(config_text: str) -> dict[str, Any]:
     # the clients' seed continues from the checkpoint's header (a run whose config left it out
     # drew one from the OS: its config.yaml records it, a rebuilt config may not)
     (data.get("privacy") or {}).pop("client_seed", None)
+    # the draws of every run made before the key existed: left out, so that their records match
+    if (data.get("data") or {}).get("draws") == "sequential":
+        data["data"].pop("draws")
     return data
 
 

@@ -165,6 +165,32 @@ def read_status(stage: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def date_recorded_draws(run: Path) -> None:
+    """A run whose config.yaml predates ``data.draws`` drew its clients' rows in sequence:
+    record ``draws: sequential`` in it (atomically), so that the run continues, and its
+    population is rebuilt, as it started. A recorded config holds every key, so a missing one
+    dates it; the checkpoint's record of such a run is unchanged
+    (``state.checkpoint.config_record`` leaves ``sequential`` out)."""
+    import yaml
+
+    path = run / "config.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return  # reading it is refused, with its reason, where it is loaded
+    data = raw.get("data") if isinstance(raw, dict) else None
+    if not isinstance(data, dict) or "draws" in data:
+        return
+    data["draws"] = "sequential"
+    tmp = path.with_name(f".config.yaml.{os.getpid()}.partial")
+    tmp.write_text(yaml.safe_dump(raw, sort_keys=False))
+    tmp.replace(path)
+    print(
+        f"raysim: {path} predates data.draws: continued with draws: sequential, as it was drawn",
+        file=sys.stderr,
+    )
+
+
 def _write_json(path: Path, data: dict, indent: int) -> None:
     """Whole or not at all: written beside, fsync'd, then renamed into place (the temporary
     file goes whatever fails)."""
