@@ -378,6 +378,37 @@ def test_distributed_calibration_and_noise_cohort_scaling():
     assert "noise-cohort" in mode.summary()["caveat"]
 
 
+def test_distributed_noise_is_sized_for_the_real_cohort_by_default():
+    """With the population simulated in full and no privacy.noise_cohort_size, the accountant's
+    rate is the real sampling rate and the sum's noise is z * S (no cohort scaling): the
+    epsilon, checked with dp_accounting directly, is the run's own; no convention caveat. A
+    population beyond the simulated clients keeps the convention's 10,000."""
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import RdpAccountant
+
+    sets = [
+        "algorithm.name=fedavg",
+        "privacy.mode=distributed",
+        "data.num_clients=12",
+        "privacy.epsilon=2",
+        "rounds=100",
+        "privacy.clip=1",
+        "training.sampling_rate=0.5",
+    ]
+    mode = prep_for(*sets).mode
+    z = mode.plan.noise
+    assert mode.noise_rate == 0.5
+    assert mode.std == pytest.approx(z * math.sqrt(1 + COUNT_WEIGHT**2), rel=1e-12)
+    assert mode.summary()["caveat"] is None
+    event = dp_event.PoissonSampledDpEvent(0.5, dp_event.GaussianDpEvent(z))
+    acc = RdpAccountant()
+    acc.compose(event, 100)
+    assert acc.get_epsilon(12**-1.1) == pytest.approx(2, rel=2e-3)
+    convention = prep_for(*sets, "privacy.population=1000000").mode
+    assert convention.noise_cohort.noise_cohort == 10000
+    assert "noise-cohort" in convention.summary()["caveat"]
+
+
 # ----------------------------------------------------------------- one loop: inline and Ray
 
 

@@ -35,9 +35,9 @@ COLUMNS = (
 LEGEND = (
     "accuracy in % (test accuracy averaged over clients; minority = the smallest true cluster,\n"
     "majority = the others); ARI: clusters recovered (1 = every client in its true cluster);\n"
-    "eps spent: the largest per-client epsilon at the run's delta (distributed: the noise-cohort\n"
-    "eps, which needs participation hidden from the server, / the same noise's eps without\n"
-    "amplification by sampling)"
+    "eps spent: the largest per-client epsilon at the run's delta (distributed: the eps amplified\n"
+    "by sampling, which needs participation hidden from the server, / the same noise's eps\n"
+    "without amplification by sampling)"
 )
 
 

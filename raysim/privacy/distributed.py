@@ -36,12 +36,30 @@ DEFAULT_NOISE_COHORT = 10_000
 SHARE_PURPOSE = "dp_noise_share"  # purpose of each client's noise-share stream (raysim.seeding)
 
 
+def noise_cohort_of(
+    noise_cohort_size: int | None, population: int, num_clients: int, sampling_rate: float
+) -> float:
+    """The cohort the noise is sized for (``privacy.noise_cohort_size``): as given; else the
+    real expected cohort where the population is simulated in full, so that the noise on the
+    sum is z * S and the epsilon is the simulated run's own; else the convention's 10,000."""
+    if noise_cohort_size is not None:
+        return noise_cohort_size
+    if population == num_clients:
+        return min(sampling_rate, 1.0) * num_clients
+    return min(DEFAULT_NOISE_COHORT, population)
+
+
+def is_real_cohort(noise_cohort: float, cohort: float) -> bool:
+    """Whether the noise is sized for the cohort the run really samples (no convention)."""
+    return math.isclose(noise_cohort, cohort, rel_tol=1e-12)
+
+
 @dataclass(frozen=True)
 class NoiseCohort:
     """The population the accounting assumes and the cohort size the noise is calibrated for."""
 
     population: int
-    noise_cohort: int = DEFAULT_NOISE_COHORT
+    noise_cohort: float = DEFAULT_NOISE_COHORT  # a real expected cohort need not be whole
 
     def __post_init__(self) -> None:
         if self.noise_cohort < 1:

@@ -17,7 +17,7 @@ from raysim.privacy.sampling import dropout_rates, report_count_pmf
 
 # what each eps holds under, where a run has both (distributed: the noise-cohort eps assumes the
 # cohort's participation is hidden from the server; the other is the same noise, no sampling)
-AMPLIFIED_LABEL = "noise-cohort, participation hidden"
+AMPLIFIED_LABEL = "amplified by sampling, participation hidden"
 UNAMPLIFIED_LABEL = "no amplification"
 EPSILON_LABELS = {
     "epsilon": f"{AMPLIFIED_LABEL}: amplified by Poisson sampling at noise_cohort_size/population",

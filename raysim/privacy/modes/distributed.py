@@ -2,12 +2,13 @@
 
 Clients clip their update to S (``privacy.clip``) and hand it, in the slot of their (hidden)
 cluster, to the engine's ``SecureAggregator``; the server step receives only the noisy per-slot
-sums and counts, never a report. Noise follows the noise-cohort convention (McMahan et al. 2018,
-pfl-research), implemented once in ``raysim.privacy.distributed.NoiseCohort``: accounting assumes
-a cohort of ``noise_cohort_size`` Poisson-sampled from ``population`` (q = noise_cohort /
-population), and the real cohort of m clients gets noise std z * sensitivity * m / noise_cohort,
-so its mean is as noisy as the big cohort's mean would be. The numbers hold only for a run with
-the noise cohort: every output says so.
+sums and counts, never a report. Noise is sized as in ``raysim.privacy.distributed.NoiseCohort``:
+accounting assumes a cohort of ``noise_cohort`` Poisson-sampled from ``population`` (q =
+noise_cohort / population), and the real cohort of m clients gets noise std
+z * sensitivity * m / noise_cohort, so its mean is as noisy as that cohort's mean would be. By
+default the noise cohort is the real expected cohort (std z * sensitivity: the run's own
+epsilon); a larger one is the noise-cohort convention (McMahan et al. 2018, pfl-research), whose
+numbers hold only for a run with that cohort: every output then says so.
 
 Local releases beside the secure sum (PINA's stage-1 sketch). An algorithm that declares
 ``PrivacyNeeds.local_release_share = f`` may have each client release ONE vector in the clear,
@@ -52,7 +53,9 @@ from raysim.privacy.distributed import (
     NoiseCohort,
     calibrate_local,
     cohort_caveat,
+    is_real_cohort,
     local_gaussian_event,
+    noise_cohort_of,
     unamplified_epsilon,
 )
 from raysim.privacy.events import dp_event
@@ -122,9 +125,11 @@ class Distributed(PrivacyMode):
         super().__init__(cfg, train_sizes, needs)
         p = cfg.privacy
         self.population = p.population or self.num_clients
-        self.noise_cohort = NoiseCohort(self.population, p.noise_cohort_size)
+        rate = cfg.training.sampling_rate
+        sized_for = noise_cohort_of(p.noise_cohort_size, self.population, self.num_clients, rate)
+        self.noise_cohort = NoiseCohort(self.population, sized_for)
         self.noise_rate = self.noise_cohort.sampling_rate
-        self.cohort = cfg.training.sampling_rate * self.num_clients  # expected real cohort m
+        self.cohort = rate * self.num_clients  # expected real cohort m
         self.plan = self._calibrate(needs)
         if p.noise_source == "clients" and self.share_cohort < 1:
             raise PrivacyConfigError(
@@ -204,11 +209,13 @@ class Distributed(PrivacyMode):
         return {
             **super().summary(),
             **self.plan.summary(),
-            "noise_cohort_size": p.noise_cohort_size,
+            "noise_cohort_size": self.noise_cohort.noise_cohort,
             "secure_spec": asdict(self.secure_spec()),  # what the clients' side enforces
             "population": self.population,
             "noise_std": self.std,
-            "caveat": cohort_caveat(p.noise_cohort_size, self.cohort),
+            "caveat": None
+            if is_real_cohort(self.noise_cohort.noise_cohort, self.cohort)
+            else cohort_caveat(self.noise_cohort.noise_cohort, self.cohort),
             "planned_epsilon_unamplified": self.planned_unamplified(),
             **({"clip_quantile": p.clip_quantile, "clip_lr": p.clip_lr} if self.adaptive else {}),
         }
