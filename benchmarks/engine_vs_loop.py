@@ -47,6 +47,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "bench_w.yaml"
+# --clients from this many on is population scale: W-1M's per-client setup (--cohort clients a
+# round, 5 images each, lazy population); the population sweep's smallest size is scaled too
+POPULATION_SCALE = 100_000
+SWEEP = (1_000, 10_000, 100_000, 1_000_000)
 
 
 def workload(args: argparse.Namespace) -> list[str]:
@@ -58,6 +62,16 @@ def workload(args: argparse.Namespace) -> list[str]:
             "data.num_clients=10000",
             "data.samples_per_client=7",
             "training.sampling_rate=0.01",
+        ]
+    elif args.clients >= POPULATION_SCALE:
+        # W-1M and the population sweep: 5 images each (4 train / 1 test), made per client
+        # when it is sampled or evaluated; a cohort of --cohort, and as many judged at the end
+        sets += [
+            f"data.num_clients={args.clients}",
+            "data.samples_per_client=5",
+            f"training.sampling_rate={args.cohort / args.clients!r}",
+            f"training.eval_clients={args.cohort}",
+            "runtime.population=lazy",
         ]
     elif args.clients != 1000:
         sets += [f"data.num_clients={args.clients}"]
@@ -289,8 +303,14 @@ def flops_per_round(args: argparse.Namespace) -> float:
     with FlopCounterMode(display=False) as fc:
         F.cross_entropy(model(x), y).backward()
     per_sample = fc.get_total_flops() / 16
-    train_per_client = 6 if args.clients == 10000 else 60
-    cohort = 100
+    from raysim.config import load_config
+    from raysim.data.partition import num_train_for
+    from raysim.privacy.sampling import cohort_size
+
+    cfg = load_config(CONFIG, workload(args))
+    n = cfg.data.samples_per_client
+    train_per_client = num_train_for(n, cfg.data.train_fraction)
+    cohort = cohort_size(cfg.data.num_clients, cfg.training.sampling_rate)
     return per_sample * train_per_client * cohort
 
 
@@ -330,14 +350,15 @@ def loop_child(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.loop_threads)
     from raysim.config import load_config
-    from raysim.data import build_federated_dataset
+    from raysim.data import build_population
+    from raysim.engine.rounds import evaluation_cohort
     from raysim.models import build_model, flat_params
     from raysim.privacy.sampling import sample_cohort
     from raysim.seeding import SERVER, numpy_rng, torch_generator
     from raysim.training import LocalTrainer, TrainConfig
 
     cfg = load_config(CONFIG, workload(args))
-    ds = build_federated_dataset(cfg.data, cfg.seed)
+    ds = build_population(cfg.data, cfg.seed, cfg.runtime.population)
     model = build_model("cnn", ds.feature_shape, ds.num_classes, seed=0)
     trainer = LocalTrainer(model, ds.task)
     trainer.channels_last = False  # PyTorch's default memory format, as a user's loop has it
@@ -366,17 +387,63 @@ def loop_child(args: argparse.Namespace) -> None:
             sizes.append(res.num_samples)
         w = torch.tensor(np.asarray(sizes) / np.sum(sizes), dtype=torch.float32)
         weights = weights + (torch.stack(updates) * w[:, None]).sum(0)
-        if r == cfg.rounds:  # the engine evaluates every client at the last round
-            for c in range(ds.num_clients):
-                trainer.evaluate(weights, *ds.client_test(c))
+        if r == cfg.rounds:  # the engine evaluates at the last round: every client, or a cohort
+            judged = evaluation_cohort(cfg, ds.num_clients)
+            for c in range(ds.num_clients) if judged is None else judged:
+                trainer.evaluate(weights, *ds.client_test(int(c)))
         rounds.append(time.perf_counter() - start)
     print(json.dumps({"first_round_start": first, "rounds": rounds}))
 
 
 # -------------------------------------------------------------------------------------- main
+def population_sweep(args: argparse.Namespace) -> None:
+    """Round time and peak PSS against the population at a fixed cohort: flat where nothing
+    grows with the clients who are not sampled. Every size runs W-1M's per-client setup."""
+    if not byte_compile():
+        print("warning: raysim's sources could not be byte-compiled; each process compiles them")
+    rows: dict[int, list[dict]] = {n: [] for n in SWEEP}
+    with tempfile.TemporaryDirectory(prefix="raysim-sweep-") as tmp:
+        for rep in range(args.reps):  # interleaved: a busy spell hits every size alike
+            for n in SWEEP:
+                sized = argparse.Namespace(**{**vars(args), "clients": max(n, POPULATION_SCALE)})
+                sized.set = [*(args.set or []), f"data.num_clients={n}"]
+                sized.set += [f"training.sampling_rate={min(1.0, args.cohort / n)!r}"]
+                run = partial(engine_rep, sized, Path(tmp), rep)
+                rows[n].append(quiet_rep(f"N={n}", rep, args, run))
+    print(f"population sweep, cohort {args.cohort}, {args.rounds} rounds, best of {args.reps}:")
+    best = {}
+    for n, reps in rows.items():
+        best[n] = {
+            "wall": min(r["wall"] for r in reps),
+            "first_round": min(r["first_round"] for r in reps),
+            "steady": min(steady(r["rounds"]) for r in reps),
+            "peak_pss": min(r["peak_pss"] for r in reps),
+        }
+        b = best[n]
+        print(
+            f"  N={n:>9,}: wall {b['wall']:.1f} s, first round at {b['first_round']:.1f} s, "
+            f"steady {b['steady']:.2f} s/round, peak PSS {b['peak_pss'] / 2**30:.2f} GiB"
+            + "".join(_steal_note(r) for r in reps[-1:])
+        )
+    large, small = best[SWEEP[-1]], best[10_000]
+    print(f"W-1M/W-10K steady ratio: {large['steady'] / small['steady']:.2f}")
+    print(f"W-1M/W-10K peak PSS ratio: {large['peak_pss'] / small['peak_pss']:.2f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--clients", type=int, default=1000, help="1000 (W) or 10000")
+    p.add_argument(
+        "--clients",
+        type=int,
+        default=1000,
+        help="1000 (W), 10000, or from 100000 on population scale (1000000: W-1M)",
+    )
+    p.add_argument("--cohort", type=int, default=1000, help="population scale: clients a round")
+    p.add_argument(
+        "--population-sweep",
+        action="store_true",
+        help="raysim alone at 10^3..10^6 clients, population scale, one run each per rep",
+    )
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--reps", type=int, default=2)
@@ -396,6 +463,9 @@ def main() -> None:
     args = p.parse_args()
     if args.loop_child:
         loop_child(args)
+        return
+    if args.population_sweep:
+        population_sweep(args)
         return
     if not byte_compile():
         print("warning: raysim's sources could not be byte-compiled; each process compiles them")
