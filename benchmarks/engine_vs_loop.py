@@ -351,7 +351,7 @@ def loop_child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.loop_threads)
     from raysim.config import load_config
     from raysim.data import build_population
-    from raysim.engine.rounds import evaluation_cohort
+    from raysim.metrics.evaluation import evaluation_cohort
     from raysim.models import build_model, flat_params
     from raysim.privacy.sampling import sample_cohort
     from raysim.seeding import SERVER, numpy_rng, torch_generator

@@ -488,8 +488,23 @@ def test_the_clients_side_judges_the_scores_and_a_restore_takes_its_judge_back()
     with pytest.raises(PermissionError):
         side.judge(b"", 2)
     side.keep_evaluations(key, 4, [EvalReport(0, 1.0, 0.5, 10), EvalReport(2, 1.0, 0.5, 10)])
-    with pytest.raises(RuntimeError, match="round 4: 1 of 3 clients were not evaluated"):
+    with pytest.raises(RuntimeError, match=r"round 4: .* \(clients \[1\] missing"):
         side.judge(key, 4)  # a server that had only the clients it chose scored
+
+
+def test_the_clients_side_judges_the_runs_evaluation_cohort_only():
+    """With training.eval_clients, the cohort drawn from the run's seed is judged: a server
+    that has other clients of the same number scored is refused."""
+    from raysim.runtime.client_side import ClientSide
+
+    key = b"k" * 16
+    cohort = np.array([1, 3])
+    side = ClientSide(key, {}, (), True, 7, None, Judge(np.array([0, 0, 1, 1]), 2, cohort=cohort))
+    side.keep_evaluations(key, 1, [EvalReport(c, 1.0, 0.5, 10) for c in (1, 3)])
+    assert side.judge(key, 1)["evaluated_clients"] == 2
+    side.keep_evaluations(key, 2, [EvalReport(c, 1.0, 0.5, 10) for c in (0, 3)])
+    with pytest.raises(RuntimeError, match=r"round 2: .* \(clients \[1, 0\] missing"):
+        side.judge(key, 2)
 
 
 def test_a_snapshot_is_the_states_after_its_round_even_when_the_next_round_wrote():

@@ -152,14 +152,21 @@ def test_ledger_summary_and_epsilons_read_distinct_histories() -> None:
     assert np.array_equal(ledger.epsilons(), np.array(each))
 
 
-def test_an_evaluation_cohort_is_judged_with_its_interval(tmp_path) -> None:
+@pytest.mark.parametrize(
+    "privacy",
+    [
+        {"privacy.mode": "none", "privacy.epsilon": "null"},
+        # an untrusted server: the clients' side judges, and checks the cohort is the run's
+        {"privacy.mode": "distributed", "privacy.epsilon": 8, "privacy.delta": 1e-3},
+    ],
+)
+def test_an_evaluation_cohort_is_judged_with_its_interval(tmp_path, privacy: dict) -> None:
     """``training.eval_clients``: the same sampled clients judged each time, the accuracy with
     its 95% interval, and only they have an accuracy in clients.parquet."""
     metrics = inline_run(
         tmp_path,
         {
-            "privacy.mode": "none",
-            "privacy.epsilon": "null",
+            **privacy,
             "data.num_clients": 20,
             "data.cluster_sizes": "[10, 10]",
             "model.name": "linear",

@@ -31,6 +31,7 @@ from raysim.metrics.evaluation import (
     Judge,
     clustering_accuracy,
     clustering_metrics,
+    evaluation_cohort,
     grouping_metrics,
 )
 from raysim.privacy.metric_ledger import MetricLedger
@@ -97,16 +98,6 @@ LATER_FIELDS = ("rounds_reported", "unavailable", "judge", "assignment_history",
 MAX_RECORDED_ASSIGNMENTS = 20_000
 
 
-def evaluation_cohort(cfg: ExperimentConfig, num_clients: int) -> np.ndarray | None:
-    """The clients ``training.eval_clients`` judges, sorted: one cohort for the whole run, so
-    that evaluations compare (early stopping) on the same clients; None: every client."""
-    wanted = cfg.training.eval_clients
-    if wanted is None or wanted >= num_clients:
-        return None
-    rng = numpy_rng(cfg.seed, 0, SERVER, "eval_cohort")
-    return np.sort(rng.choice(num_clients, size=wanted, replace=False))
-
-
 class RoundLoop:
     def __init__(
         self,
@@ -148,7 +139,7 @@ class RoundLoop:
         self.assignment_history: list[tuple[int, np.ndarray]] = []
         # None where the clients keep their evaluations apart from the server (their side
         # judges them, runtime.client_side): the driver adds the metrics to the rows
-        self.judge: Judge | None = Judge(self.true_clusters, cfg.training.early_stop_patience)
+        self.judge: Judge | None = Judge.of_run(self.true_clusters, cfg)
 
     @property
     def num_clients(self) -> int:
@@ -283,7 +274,7 @@ class RoundLoop:
 
     def evaluate(self) -> list[EvalReport]:
         """The clients' scores; none where they keep them apart (``judge`` is None)."""
-        cohort = evaluation_cohort(self.cfg, self.num_clients)
+        cohort = evaluation_cohort(self.cfg, self.num_clients)  # the judge's, clients apart too
         if cohort is None:
             return self._run("evaluate", self.algorithm.plan_evaluation(self.state))
         return self._run("evaluate", self.algorithm.plan_evaluation(self.state, clients=cohort))

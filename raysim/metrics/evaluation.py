@@ -18,11 +18,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from raysim.protocol import EvalReport
+from raysim.seeding import SERVER, numpy_rng
+
+if TYPE_CHECKING:
+    from raysim.config import ExperimentConfig
 
 
 def minority_cluster(true_clusters: np.ndarray) -> int | None:
@@ -100,6 +104,17 @@ def diagnostics_summary(history: Sequence[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def evaluation_cohort(cfg: ExperimentConfig, num_clients: int) -> np.ndarray | None:
+    """The clients ``training.eval_clients`` judges, sorted: one cohort for the whole run, so
+    that evaluations compare (early stopping) on the same clients; None: every client. Drawn
+    from the run's seed (the server's: who is judged is public)."""
+    wanted = cfg.training.eval_clients
+    if wanted is None or wanted >= num_clients:
+        return None
+    rng = numpy_rng(cfg.seed, 0, SERVER, "eval_cohort")
+    return np.sort(rng.choice(num_clients, size=wanted, replace=False))
+
+
 def sample_mean_ci95(values: np.ndarray, population: int) -> float:
     """Half-width of the normal 95% confidence interval of the population's mean from a simple
     random sample of it (without replacement: the finite-population correction)."""
@@ -147,6 +162,21 @@ class Judge:
     best_loss: float = math.inf
     stale: int = 0
     last: list[EvalReport] = field(default_factory=list)  # the latest evaluation's reports
+    cohort: np.ndarray | None = None  # the clients it judges (None: all; evaluation_cohort)
+
+    @classmethod
+    def of_run(cls, truth: np.ndarray, cfg: ExperimentConfig) -> Judge:
+        """The judge of a run: its patience, and the clients ``training.eval_clients`` draws."""
+        truth = np.asarray(truth)
+        cohort = evaluation_cohort(cfg, len(truth))
+        return cls(truth, cfg.training.early_stop_patience, cohort=cohort)
+
+    def unjudged(self, scored: Sequence[int]) -> list[int]:
+        """The clients to judge that ``scored`` lacks: an evaluation over fewer, or others, would
+        be over clients the server chose."""
+        wanted = range(len(self.truth)) if self.cohort is None else self.cohort.tolist()
+        have = set(scored)
+        return [c for c in wanted if c not in have] + sorted(have.difference(wanted))
 
     def __call__(self, reports: Sequence[EvalReport]) -> dict[str, Any]:
         """The evaluation's metrics row (``early_stopped`` where the patience has run out)."""

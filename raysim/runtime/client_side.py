@@ -246,19 +246,20 @@ class ClientSide:
     # -- the driver ------------------------------------------------------------------------------
     def judge(self, key: bytes, round: int) -> dict[str, Any]:
         """The metrics of the evaluation after ``round`` (``Judge``), once all its pieces ran:
-        the driver adds them to the round's row. Every client is scored (each algorithm's
-        evaluation plan has them all): metrics over fewer would be over clients the server
-        chose."""
+        the driver adds them to the round's row. Every client to judge is scored (each
+        algorithm's evaluation plan has them all: every client, or the run's evaluation cohort):
+        metrics over fewer, or others, would be over clients the server chose."""
         self._check(key)
         if self._judge is None:
             raise PermissionError("this clients' side was given no judge")
         scores = self._evaluations.pop(round, {})
         for r in [r for r in self._evaluations if r < round]:  # a failed attempt's leftovers
             del self._evaluations[r]
-        if len(scores) < len(self._judge.truth):
+        unjudged = self._judge.unjudged(list(scores))
+        if unjudged:
             raise RuntimeError(
-                f"round {round}: {len(self._judge.truth) - len(scores)} of "
-                f"{len(self._judge.truth)} clients were not evaluated"
+                f"round {round}: the evaluation's clients are not the ones to judge (clients "
+                f"{unjudged[:10]} missing or not to be judged)"
             )
         self._judged[round] = self._judge(list(scores.values()))
         return self._judged[round]
@@ -310,7 +311,7 @@ class ClientSide:
         self._snapshot_round = round
         self._deposits.clear()
         if self._judge is not None:
-            fresh = Judge(self._judge.truth, self._judge.patience)
+            fresh = Judge(self._judge.truth, self._judge.patience, cohort=self._judge.cohort)
             self._judge = snap.judge or fresh
         self._evaluations.clear()
         self._judged = dict(snap.judged)

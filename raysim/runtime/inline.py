@@ -49,7 +49,7 @@ def inline_loop(
         raise ValueError("make_worker runs the clients in this process: not with apart")
     if apart:
         secure = prep.privacy_summary.get("secure_spec")
-        judge = Judge(np.asarray(prep.truth), cfg.training.early_stop_patience)
+        judge = Judge.of_run(prep.truth, cfg)
         clients = ClientsProcess(args, rt.checkpoint_every > 0, prep.client_seed, secure, judge)
     worker = clients or (make_worker or ClientWorker)(*args)
     size = group_size(rt.client_group_size, gpus)  # the same groups as on Ray

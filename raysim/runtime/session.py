@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -129,7 +128,7 @@ class ClientsApart:
         snapshots = rt.checkpoint_every > 0
         side = ray.remote(ClientSide).options(**opts)
         secure = prep.privacy_summary.get("secure_spec")  # the clients' own copy of the plan
-        judge = Judge(np.asarray(prep.truth), prep.cfg.training.early_stop_patience)
+        judge = Judge.of_run(prep.truth, prep.cfg)
         self.actor = side.remote(self.key, *args, snapshots, self.seed, secure, judge)
 
     def restore(self, blob: bytes | None, round: int) -> dict[int, dict]:
