@@ -20,7 +20,7 @@ from raysim.config import ExperimentConfig, RuntimeConfig
 from raysim.engine.sealed import opened
 from raysim.runtime.pool import WorkerPool
 from raysim.runtime.reuse import Renewable
-from raysim.runtime.worker import ClientWorker
+from raysim.runtime.worker import ClientWorker, fixed_threads
 
 # This module imports no torch (the round loop and the model spec load in the actor): the driver
 # of `raysim run` starts the actors from here without ever loading torch (docs/speed.md).
@@ -143,13 +143,12 @@ class Coordinator(Renewable):
         untrusted server's run: the clients' states, secure inputs and scores stay there, the
         secure sums are computed and the evaluations judged there, and it starts the workers
         this actor would (with the key this actor never holds)."""
-        import torch
 
         from raysim.engine.rounds import RoundLoop, group_size
 
         # the server's torch operations on a fixed thread count, as the workers' (Ray's
         # OMP_NUM_THREADS reaches torch only in a worker that loads it after Ray sets it)
-        torch.set_num_threads(cfg.runtime.threads_per_worker)
+        fixed_threads(cfg.runtime.threads_per_worker)
         sealed, algorithm = algorithm, opened(algorithm)
         sealed_mode, server_mode = mode, opened(mode)
         self.cfg = cfg

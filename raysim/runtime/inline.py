@@ -82,12 +82,14 @@ def run_inline(
     run's, so either can continue the other). ``apart`` (default: where the server is
     untrusted) keeps the clients in a child process, as a Ray run keeps them on actors."""
     import torch
+    from threadpoolctl import threadpool_limits
 
     from raysim.engine.driver import Progress, StatesHere, drive
     from raysim.state.checkpoint import clients_seed_of, kept_apart
 
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
+    blas = threadpool_limits(limits=None, user_api="blas")  # the user's, restored after
     cfg = prep.cfg
     if apart is None:
         apart = not prep.mode.trusted_server
@@ -114,6 +116,7 @@ def run_inline(
         evaluations = loop.clients.evaluations() if loop.clients is not None else None
     finally:
         torch.set_num_threads(threads)
+        blas.restore_original_limits()
         if loop is not None and loop.clients is not None:
             loop.clients.close()
     on_gpu = loop.device.startswith("cuda")

@@ -35,6 +35,20 @@ def pick_device(num_gpus: float) -> torch.device:
     return torch.device("cpu")
 
 
+def fixed_threads(threads: int) -> Any:
+    """torch's threads and the BLAS's (numpy's OpenBLAS: a clipped update's norm) at
+    ``threads``, in this process. OpenBLAS takes every core when it loads, as it did in the
+    zygote before Ray set the thread count: on two cores a worker's 29k-float norm then waited
+    ~1.4 ms for a BLAS thread the other worker held (36% of a distributed client's time), and
+    a sum's order, so its bits, followed the machine's cores. The BLAS limits are returned, to
+    restore where the process is the user's (the inline loop)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(threads)
+    return threadpool_limits(limits=threads, user_api="blas")
+
+
 class ClientWorker(Renewable):
     def __init__(
         self,
@@ -55,12 +69,11 @@ class ClientWorker(Renewable):
         clients' side, the run's client key) where the server is untrusted: the clients' states
         and secure inputs go there, never into a reply (a ``ClientSide``, or its actor as
         ``client_side.OnRay``)."""
-        import torch
 
         from raysim.models import build_from_spec, init_seed
         from raysim.training import LocalTrainer
 
-        torch.set_num_threads(threads)
+        fixed_threads(threads)
         algorithm, model_spec, mode = opened(algorithm), opened(model_spec), opened(mode)
         self.algorithm = algorithm
         # the clients' side of the run's privacy mode: what a client step releases goes through
