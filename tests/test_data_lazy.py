@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -180,3 +181,33 @@ def test_an_evaluation_cohort_is_judged_with_its_interval(tmp_path, privacy: dic
     judged = clients["accuracy"].notna()
     assert judged.sum() == 6
     assert np.isclose(clients.loc[judged, "accuracy"].mean(), last["accuracy"])
+
+
+def test_a_shipped_config_runs_to_the_same_bits_from_a_table_and_lazily(ray_session, tmp_path):
+    """configs/bench_w.yaml (workload W), shortened: its table population in this process and
+    its lazy population on Ray's workers write the same metrics and clients, bit for bit."""
+    from algorithms import Environment, get_algorithm
+    from raysim.config import load_config
+    from raysim.engine.experiment import prepare
+    from raysim.runtime.inline import run_inline
+    from raysim.runtime.run import run_prepared
+
+    shipped = Path(__file__).parents[1] / "configs" / "bench_w.yaml"
+    sets = ["rounds=2", "data.num_clients=300", "training.eval_clients=40"]
+
+    def run(population: str, out: Path, **session) -> dict:
+        cfg = load_config(shipped, [*sets, f"runtime.population={population}"])
+        prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
+        assert type(prep.dataset).__name__ == kinds[population]
+        run_prepared(prep, out, **session)
+        tables = {
+            n: pq.read_table(out / f"{n}.parquet").to_pandas() for n in ("metrics", "clients")
+        }
+        tables["metrics"] = tables["metrics"].drop(columns="round_seconds")
+        return tables
+
+    kinds = {"table": "FederatedDataset", "lazy": "LazyPopulation"}
+    table = run("table", tmp_path / "table", session=run_inline)
+    lazy = run("lazy", tmp_path / "lazy")
+    for name in table:
+        assert table[name].equals(lazy[name]), name
