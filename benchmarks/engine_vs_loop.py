@@ -4,6 +4,9 @@ Workload W (configs/bench_w.yaml): 1000 Fashion-MNIST clients x 60 training imag
 CNN, a cohort of 100 per round (sampling without replacement), 1 local epoch of SGD at batch 16,
 lr 0.05, FedAvg, 10 rounds, one evaluation at the end. W-DP (--dp): the same with Opacus-style
 DP-SGD, z = 1, C = 1. `--clients 10000`: 10,000 clients x 6 training images, cohort 1%.
+`--dp-ratio`: W and W-DP by raysim in the same run, interleaved with W's loop (W-DP's Opacus
+loop, ~2x raysim's time, is left out): what DP-SGD costs raysim over SGD on one machine in one
+hour, with W's own ratios against the loop beside it.
 
 Both sides run as a child process started from the command line, in the same run, `--reps`
 times each (the best rep counts: the machine is shared). Measured per side: whole-process wall,
@@ -22,11 +25,12 @@ does on a user's first run unless PYTHONDONTWRITEBYTECODE is set, as it is on th
 The loop is `LocalTrainer` per client (torch.optim SGD; DP-SGD through Opacus), 2 torch threads,
 in PyTorch's default memory format (the engine trains convolutions channels-last on CPU).
 
-    python benchmarks/engine_vs_loop.py [--dp] [--clients 10000] [--reps 2] [--workers 2]
-                                        [--retries 2]
+    python benchmarks/engine_vs_loop.py [--dp | --dp-ratio] [--clients 10000] [--reps 2]
+                                        [--workers 2] [--retries 2]
 
 The last two lines: `engine/loop speed ratio: <loop s/round / engine s/round>` and
-`engine/loop wall ratio: <loop wall / engine wall>` (> 1: raysim is faster).
+`engine/loop wall ratio: <loop wall / engine wall>` (> 1: raysim is faster); with `--dp-ratio`
+a third, `dp/plain round ratio: <W-DP's steady s/round / W's>`, from the best rep of each.
 """
 
 from __future__ import annotations
@@ -238,8 +242,8 @@ def byte_compile() -> bool:
     return all([compileall.compile_dir(ROOT / pkg, quiet=1) for pkg in ("raysim", "algorithms")])
 
 
-def engine_rep(args: argparse.Namespace, tmp: Path, rep: int) -> dict:
-    out = tmp / f"engine-{rep}"
+def engine_rep(args: argparse.Namespace, tmp: Path, rep: int, tag: str = "engine") -> dict:
+    out = tmp / f"{tag}-{rep}"
     # a rep run again (quiet_rep) writes where its contended try did: raysim refuses an --out
     # that holds a run, so the try's directories go first
     for path in (out, out.with_name(out.name + ".incomplete")):
@@ -448,6 +452,11 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--dp", action="store_true", help="W-DP: DP-SGD at z = 1, C = 1")
+    p.add_argument(
+        "--dp-ratio",
+        action="store_true",
+        help="W and W-DP by raysim in one run (and W's loop): prints the dp/plain round ratio",
+    )
     p.add_argument("--loop-threads", type=int, default=2)
     p.add_argument("--set", action="append", help="extra config override for raysim (and loop)")
     p.add_argument("--skip-loop", action="store_true", help="engine only (no ratios)")
@@ -461,6 +470,8 @@ def main() -> None:
     )
     p.add_argument("--loop-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.dp and args.dp_ratio:
+        p.error("--dp-ratio runs W and W-DP itself: leave out --dp")
     if args.loop_child:
         loop_child(args)
         return
@@ -472,12 +483,15 @@ def main() -> None:
     cores = os.cpu_count() or 1
     peak = peak_gflops(cores)
     flops = flops_per_round(args)
-    mode = "W-DP" if args.dp else "W"
+    mode = "W and W-DP" if args.dp_ratio else "W-DP" if args.dp else "W"
     print(
         f"workload {mode}, {args.clients} clients, {args.rounds} rounds, workers {args.workers}, "
         f"cores {cores}; matmul peak {peak:.1f} GFLOP/s; {flops / 1e9:.1f} GFLOP per round"
     )
     sides: dict[str, list[dict]] = {"loop": [], "raysim": []}
+    dp_args = argparse.Namespace(**{**vars(args), "dp": True})
+    if args.dp_ratio:
+        sides["raysim-dp"] = []
     with tempfile.TemporaryDirectory(prefix="raysim-bench-") as tmp:
         for rep in range(args.reps):  # interleaved: a busy spell hits both sides alike
             if not args.skip_loop:
@@ -485,6 +499,9 @@ def main() -> None:
                 sides["loop"].append(quiet_rep("loop", rep, args, run))
             run = partial(engine_rep, args, Path(tmp), rep)
             sides["raysim"].append(quiet_rep("raysim", rep, args, run))
+            if args.dp_ratio:
+                run = partial(engine_rep, dp_args, Path(tmp), rep, "engine-dp")
+                sides["raysim-dp"].append(quiet_rep("raysim-dp", rep, args, run))
     end_peak = peak_gflops(cores)  # a busy spell at the start would understate the peak
     if end_peak > peak:
         print(f"matmul peak at the end: {end_peak:.1f} GFLOP/s (this one counts)")
@@ -497,14 +514,14 @@ def main() -> None:
             s = steady(r["rounds"])
             gf = flops / s / 1e9
             print(
-                f"{name:7s} rep {i}: wall {r['wall']:.1f} s, "
+                f"{name:9s} rep {i}: wall {r['wall']:.1f} s, "
                 f"first round at {r['first_round']:.1f} s, steady {s:.2f} s/round "
                 f"({gf:.1f} GFLOP/s, {100 * gf / peak:.0f}% of peak), "
                 f"peak PSS {r['peak_pss'] / 2**30:.2f} GiB{_steal_note(r)}"
             )
             if r.get("startup"):  # where the time before round 1 went (docs/speed.md)
                 steps = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in r["startup"].items())
-                print(f"{'':7s}        start-up, s from the command: {steps}")
+                print(f"{'':9s}        start-up, s from the command: {steps}")
         best[name] = {
             "wall": min(r["wall"] for r in reps),
             "steady": min(steady(r["rounds"]) for r in reps),
@@ -530,6 +547,9 @@ def main() -> None:
     if "loop" in best:
         print(f"engine/loop speed ratio: {best['loop']['steady'] / best['raysim']['steady']:.2f}")
         print(f"engine/loop wall ratio: {best['loop']['wall'] / best['raysim']['wall']:.2f}")
+    if "raysim-dp" in best:
+        ratio = best["raysim-dp"]["steady"] / best["raysim"]["steady"]
+        print(f"dp/plain round ratio: {ratio:.2f}")
 
 
 if __name__ == "__main__":
