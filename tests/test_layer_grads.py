@@ -12,7 +12,7 @@ from torch.nn import functional as F
 from raysim.models import build_model
 from raysim.models.lora import apply_lora
 from raysim.training import TrainConfig
-from raysim.training.layer_grads import LayerGrads, LayerRulesMissed, unsupported
+from raysim.training.layer_grads import LayerGrads, LayerRulesMissed, clip_sum, unsupported
 from raysim.training.losses import per_sample_loss
 from raysim.training.vectorized import VectorizedTrainer
 
@@ -112,6 +112,79 @@ def test_per_sample_gradients_match_vmap_grad(case, channels_last):
         torch.testing.assert_close(losses, expected)
     if case == "odd":
         assert float(got["unused.weight"].abs().max()) == 0.0
+
+
+def clipped_reference(ref: dict, names: list[str], clip: float) -> dict:
+    """Opacus' clipping written out on vmap(grad)'s per-sample gradients: one norm per sample
+    over every parameter, factor min(1, C / (norm + 1e-6)), summed over the batch."""
+    flat = torch.cat([ref[k].reshape(ref[k].shape[0], -1) for k in names], dim=1)
+    factor = (clip / (flat.norm(2, dim=1) + 1e-6)).clamp(max=1.0)
+    return {k: torch.einsum("i,i...->...", factor, ref[k]) for k in names}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_clipped_sum_matches_clipping_vmap_grad(case):
+    """LayerGrads.clipped_sum (a Linear on [B, d] by ||g_i|| ||a_i||, never built per sample;
+    the rest by the rules) against clipping the reference's per-sample gradients, at a clip
+    that bites on some samples and not on others."""
+    build, shape, classes = CASES[case]
+    torch.manual_seed(4)
+    model = build()
+    if case.endswith("_lora"):
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.normal_(0, 0.3)
+    names = trainable(model)
+    xb, yb = torch.randn(9, *shape), torch.randint(0, classes, (9,))
+    ref = reference(model, names, xb, yb)
+    norms = torch.cat([ref[k].reshape(9, -1) for k in names], dim=1).norm(2, dim=1)
+    clip = float(norms.median())
+    want = clipped_reference(ref, names, clip)
+    params = {k: p.detach() for k, p in model.named_parameters() if k in names}
+    rules = LayerGrads(model, "classification", names, channels_last=True)
+    for _ in range(2):  # the first call also checks the sums against the batch gradient
+        got, losses = rules.clipped_sum(params, xb, yb, clip)
+        assert set(got) == set(names)
+        for k in names:
+            assert got[k].shape == params[k].shape
+            torch.testing.assert_close(got[k], want[k], atol=1e-5, rtol=1e-4)
+    assert rules.checked
+    with torch.no_grad():
+        expected = per_sample_loss("classification", model(xb), yb)
+    torch.testing.assert_close(losses, expected)
+
+
+def test_clipped_sum_counts_a_sample_without_a_finite_norm_as_zero():
+    """A sample whose gradient overflows (an inf input here) adds nothing, in the factored
+    Linear as in the rules' layers; the other samples are clipped as usual."""
+    torch.manual_seed(5)
+    model = build_model("cnn", (1, 12, 12), 5, seed=1)
+    names = trainable(model)
+    xb, yb = torch.randn(6, 1, 12, 12), torch.randint(0, 5, (6,))
+    bad = xb.clone()
+    bad[2] = float("inf")
+    params = {k: p.detach() for k, p in model.named_parameters()}
+    rules = LayerGrads(model, "classification", names, channels_last=True)
+    rules.checked = True  # the check compares sums that the inf sample makes NaN
+    got, _ = rules.clipped_sum(params, bad, yb, 0.5)
+    keep = [0, 1, 3, 4, 5]
+    want = clipped_reference(reference(model, names, xb[keep], yb[keep]), names, 0.5)
+    for k in names:
+        assert torch.isfinite(got[k]).all()
+        torch.testing.assert_close(got[k], want[k], atol=1e-5, rtol=1e-4)
+
+
+def test_clip_sum_of_dense_and_factored_gradients_agree():
+    """clip_sum on a Linear's per-sample gradients as [B, out, in] and as (g, a) factors."""
+    torch.manual_seed(6)
+    g, a, bias = torch.randn(5, 3), torch.randn(5, 4), torch.randn(5, 3)
+    dense = {"w": g[:, :, None] * a[:, None, :], "b": bias}
+    one = clip_sum(dense, ["w", "b"], 0.7)
+    two = clip_sum({"b": bias}, ["w", "b"], 0.7, {"w": (g, a)})
+    for k in ("w", "b"):
+        torch.testing.assert_close(one[k], two[k], atol=1e-6, rtol=1e-5)
+    assert clip_sum({}, ["w"], 1.0) == {}
 
 
 def test_models_the_rules_cannot_see_are_refused():

@@ -124,6 +124,20 @@ def test_clipped_gradient_sum_matches_opacus_to_1e5():
         assert float(sum_a.norm()) <= 0.1 * n * (1 + 1e-5)  # clipping bites: each <= C
 
 
+@pytest.mark.parametrize("model", ["cnn", "mlp"])
+def test_clipped_gradient_sum_of_one_client_matches_opacus_to_1e5(model):
+    """The same for a group of one (every DP-SGD client on CPU: LayerGrads.clipped_sum)."""
+    cfg = TrainConfig(lr=1.0, batch_size=1, full_batch=True, dp_noise_multiplier=0.0, dp_clip=0.1)
+    data, weights, ref, vec = setup(model)
+    for (x, y), w, n in zip(data, weights, SIZES, strict=True):
+        a = ref.train(w, x, y, cfg, torch.Generator().manual_seed(0))
+        b = vec.train_group([w], [(x, y)], [cfg], [torch.Generator().manual_seed(0)])[0]
+        sum_a, sum_b = -a.update * n, -b.update * n
+        assert float((sum_a - sum_b).abs().max()) < 1e-5
+        assert float(sum_a.norm()) <= 0.1 * n * (1 + 1e-5)
+    assert vec._layer_grads is not None and vec._layer_grads.checked
+
+
 @pytest.mark.parametrize("dp", [False, True])
 def test_float64_group_matches_plain_autograd(dp):
     """In float64 (the dtype of the cross-device check, scripts/gpu_check_vectorized.py) one

@@ -49,6 +49,35 @@ def fixed_threads(threads: int) -> Any:
     return threadpool_limits(limits=threads, user_api="blas")
 
 
+# glibc's malloc: blocks above M_MMAP_THRESHOLD are mmap'ed fresh and unmapped when freed, and a
+# free top of the heap above M_TRIM_THRESHOLD goes back to the kernel; either way the next step
+# faults its pages in again. Both at the largest value glibc takes (docs/speed.md, "DP-SGD").
+MMAP_THRESHOLD = 32 * 2**20
+TRIM_THRESHOLD = 64 * 2**20
+
+
+def keep_freed_memory() -> bool:
+    """Let this process keep the memory a training step frees for the next step, instead of
+    giving it back to the kernel: a DP-SGD step's per-sample gradients and oneDNN's buffers of
+    the grouped convolutions (a few MB each) were faulted in page by page at every step, tens
+    of thousands of faults a round in a W-DP worker. True where glibc took both settings."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    return bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD)) and bool(
+        mallopt(m_trim_threshold, TRIM_THRESHOLD)
+    )
+
+
 class ClientWorker(Renewable):
     def __init__(
         self,
@@ -73,6 +102,7 @@ class ClientWorker(Renewable):
         from raysim.models import build_from_spec, init_seed
         from raysim.training import LocalTrainer
 
+        keep_freed_memory()
         fixed_threads(threads)
         algorithm, model_spec, mode = opened(algorithm), opened(model_spec), opened(mode)
         self.algorithm = algorithm

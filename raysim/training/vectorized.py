@@ -34,7 +34,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from raysim.training.config import TrainConfig, TrainResult, clip_update, sampling_plan
-from raysim.training.layer_grads import LayerGrads, LayerRulesMissed
+from raysim.training.layer_grads import LayerGrads, LayerRulesMissed, clip_sum
 from raysim.training.layer_grads import unsupported as layer_rules_unsupported
 from raysim.training.losses import as_tensor, per_sample_loss, targets
 
@@ -151,6 +151,8 @@ class VectorizedTrainer:
         if reason is not None:
             raise ValueError(f"group cannot be vectorized: {reason}")
         cfg = cfgs[0]
+        if g == 1 and cfg.dp:
+            return [self._train_one_dp(weights[0], data[0], cfg, generators[0])]
         init = torch.stack([w.detach().reshape(-1).to("cpu", self.dtype) for w in weights])
         if init.shape[1] != self.dim:
             raise ValueError(f"weights have {init.shape[1]} elements, model has {self.dim}")
@@ -234,22 +236,10 @@ class VectorizedTrainer:
         }
         return out, losses
 
-    def _per_sample_grads(self, params, xb, yb, one: bool):
-        """Per-sample gradients [G, B, ...]. A group of one by the layer rules where the model
-        allows; otherwise every sample gets its own (expanded) weights under vmap."""
+    def _per_sample_grads(self, params, xb, yb):
+        """Per-sample gradients [G, B, ...] of a group: every sample gets its own (expanded)
+        weights under vmap."""
         b = xb.shape[1]
-        if one and self._layer_grads is not None:
-            try:
-                grads, losses = self._layer_grads(
-                    {k: v[0] for k, v in params.items()}, xb[0], yb[0]
-                )
-                return {k: v.unsqueeze(0) for k, v in grads.items()}, losses.unsqueeze(0)
-            except LayerRulesMissed:
-                self._layer_grads = None  # this model hides a parameter from the rules
-        if one:  # no client dimension to vmap over
-            expanded = {k: v[0].expand(b, *v.shape[1:]) for k, v in params.items()}
-            grads, losses = self._grads(self._sample_losses_one, expanded, xb[0], yb[0])
-            return {k: v.unsqueeze(0) for k, v in grads.items()}, losses.unsqueeze(0)
         expanded = {
             k: v.unsqueeze(1).expand(v.shape[0], b, *v.shape[1:]) for k, v in params.items()
         }
@@ -297,7 +287,7 @@ class VectorizedTrainer:
         idx, mask = self._index(rows)
         xb, yb = self._gather(xs, ys, idx)
         if idx.shape[1] > 0:
-            per_sample, losses = self._per_sample_grads(params, xb, yb, one=len(clients) == 1)
+            per_sample, losses = self._per_sample_grads(params, xb, yb)
         else:  # every batch empty: noise-only steps
             g = len(clients)
             per_sample = {k: v.new_zeros((g, 0, *v.shape[1:])) for k, v in params.items()}
@@ -341,6 +331,97 @@ class VectorizedTrainer:
                         grads[k][i] /= clients[i].b
         sizes = [r.numel() for r in rows]
         return grads, (sums, self._loss_entries(clients, cfg, t, active, sizes))
+
+    def _train_one_dp(
+        self,
+        weights: torch.Tensor,
+        data: tuple[np.ndarray, np.ndarray],
+        cfg: TrainConfig,
+        gen: torch.Generator,
+    ) -> TrainResult:
+        """One DP-SGD client (every DP-SGD client on CPU, where groups are of one): the group
+        path's draws and arithmetic, without a group's padding, masks and per-client loops.
+        The weights, the step's gradient and its noise are flat vectors whose parameters are
+        views; the clipped sum comes from the layer rules where the model allows
+        (``LayerGrads.clipped_sum``), else from per-sample gradients under ``vmap``. Each step:
+        Poisson rows ``rand(n) < q``, the clipped sum, Opacus' noise drawn parameter by
+        parameter into the flat vector, the division by the expected batch size, and SGD."""
+        (xt,), (yt,), (n,) = self._pad([data])
+        xt, yt = xt[:n], yt[:n]
+        c = self._client(n, cfg, gen)
+        init = weights.detach().reshape(-1).to("cpu", self.dtype)
+        if init.numel() != self.dim:
+            raise ValueError(f"weights have {init.numel()} elements, model has {self.dim}")
+        w = init.to(self.device, copy=True)
+        views = self._views(w)
+        std = cfg.dp_noise_multiplier * cfg.dp_clip
+        noise = torch.empty_like(w) if std != 0 else None
+        noise_views = self._views(noise) if noise is not None else {}
+        center = w.clone() if cfg.prox_mu > 0 else None
+        momentum: torch.Tensor | None = None
+        spe = 1 if cfg.full_batch else -(-n // c.b)
+        loss_sums: list[torch.Tensor] = []  # per step, read back once (as _settle_losses)
+        sizes: list[int] = []
+        for _ in range(c.total_steps):
+            if cfg.full_batch:
+                xb, yb = xt, yt
+            else:  # Poisson: each sample independently with prob q (LocalTrainer's draw)
+                rows = (torch.rand(n, generator=gen, device=gen.device) < c.q).nonzero()
+                rows = self._put(rows.reshape(-1))
+                xb, yb = xt.index_select(0, rows), yt.index_select(0, rows)
+            sizes.append(xb.shape[0])
+            if xb.shape[0] > 0:
+                sums, losses = self._clipped_sum(views, xb, yb, cfg.dp_clip)
+                grad = torch.cat([sums[k].reshape(-1) for k in self.names])
+                loss_sums.append(losses.sum())
+            else:  # an empty Poisson batch: a noise-only step
+                grad = torch.zeros_like(w)
+                loss_sums.append(torch.zeros((), device=self.device, dtype=self.dtype))
+            if noise is not None:  # Opacus' draws: parameter by parameter, in order
+                for k, shape in zip(self.names, self.shapes, strict=True):
+                    torch.normal(0.0, std, shape, generator=c.noise_gen, out=noise_views[k])
+                grad += noise
+            grad /= c.b
+            with torch.no_grad():  # torch.optim.SGD's arithmetic, as _sgd_step's
+                d = grad
+                if center is not None:  # FedProx gradient, after the noise: it touches no data
+                    d = d + cfg.prox_mu * (w - center)
+                if cfg.weight_decay != 0:
+                    d = d + cfg.weight_decay * w
+                if cfg.momentum != 0:
+                    momentum = d if momentum is None else cfg.momentum * momentum + d
+                    d = momentum
+                w.sub_(cfg.lr * d)
+        c.loss = self._last_epoch_loss(loss_sums, sizes, spe)
+        update = w.to("cpu", self.dtype) - init
+        norm = clip_update(update, cfg.update_clip)
+        return TrainResult(update, n, c.total_steps, c.loss, norm)
+
+    @staticmethod
+    def _last_epoch_loss(loss_sums: list[torch.Tensor], sizes: list[int], spe: int) -> float:
+        """The mean per-sample loss over the last epoch run, from per-step loss sums."""
+        if not loss_sums:
+            return float("nan")
+        last = (len(loss_sums) - 1) // spe
+        total, count = 0.0, 0
+        for t, (s, size) in enumerate(zip(torch.stack(loss_sums).tolist(), sizes, strict=True)):
+            if t // spe == last:
+                total += s
+                count += size
+        return total / count if count else float("nan")
+
+    def _clipped_sum(self, views, xb, yb, clip: float):
+        """One client's clipped per-sample gradient sum (unbatched) and per-sample losses:
+        by the layer rules where the model allows, else by vmap."""
+        if self._layer_grads is not None:
+            try:
+                return self._layer_grads.clipped_sum(views, xb, yb, clip)
+            except LayerRulesMissed:
+                self._layer_grads = None  # this model hides a parameter from the rules
+        b = xb.shape[0]
+        expanded = {k: v.expand(b, *v.shape) for k, v in views.items()}
+        per_sample, losses = self._grads(self._sample_losses_one, expanded, xb, yb)
+        return clip_sum(per_sample, self.names, clip), losses
 
     def _sgd_step(self, params, grads, center, cfg, active, momentum):
         """torch.optim.SGD (dampening 0, no Nesterov) on the active clients only."""
@@ -420,6 +501,14 @@ class VectorizedTrainer:
         out, off = {}, 0
         for k, shape, size in zip(self.names, self.shapes, self.sizes, strict=True):
             out[k] = flat[:, off : off + size].reshape(flat.shape[0], *shape).clone()
+            off += size
+        return out
+
+    def _views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each parameter as a view of one client's flat vector."""
+        out, off = {}, 0
+        for k, shape, size in zip(self.names, self.shapes, self.sizes, strict=True):
+            out[k] = flat[off : off + size].view(shape)
             off += size
         return out
 
