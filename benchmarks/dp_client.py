@@ -6,7 +6,10 @@ each. This builds that trainer (the Table-2 CNN, W's clients of 60 Fashion-MNIST
 alternating, and then splits each one's time by operator (torch.profiler, self time per client):
 the forward and backward convolutions, the per-sample weight gradients (the convolutions with
 the batch folded into the groups), pooling and ReLU, the noise, the norms and sums of clipping,
-and the rest. Machines differ by several times: compare only the ratio and the shares.
+and the rest. Machines differ by several times: compare only the ratio and the shares. The
+process keeps glibc's malloc defaults (a worker keeps what a step frees:
+``raysim.runtime.worker.keep_freed_memory``), so a step here may fault in pages a worker's does
+not.
 
     python benchmarks/dp_client.py [--clients 40] [--reps 5] [--threads 1]
 """
