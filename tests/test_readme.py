@@ -32,6 +32,12 @@ TINY_FMNIST = [  # the papers' configs cut down: 8 clients of 60 images, 1 round
     "training.sampling_rate=1.0",
     *QUICK,
 ]
+TINY_POPULATION = [  # the million clients kept (made lazily), a cohort of about 20, 1 round
+    "rounds=1",
+    "training.sampling_rate=0.00002",
+    "training.eval_clients=20",
+    *QUICK,
+]
 CLUSTER_HERE = ["runtime.address=null", "runtime.num_workers=2", "runtime.gpus_per_worker=auto"]
 
 
@@ -86,6 +92,10 @@ CASES: dict[str, tuple[list[str], bool]] = {
     "--set privacy.client_seed=0 --out runs/audit-bb-dprivacy": ([], False),
     "raysim audit configs/audit_digits.yaml --adversary black-box --runs 1000 "
     "--out runs/audit-bb-mr": ([], False),
+    "raysim run configs/dpfedavg_population.yaml --out runs/pop-real": (TINY_POPULATION, True),
+    "raysim run configs/dpfedavg_population.yaml --out runs/pop-conv "
+    "--set training.sampling_rate=0.001 --set privacy.noise_cohort_size=10000 "
+    "--set privacy.population=1000000": (TINY_POPULATION, True),
     "raysim compare configs/rdpcfl_fmnist_rotation.yaml --inline --jobs 2 --algorithms rdpcfl "
     "--seeds 0,1 --set training.eval_every=10 --out results/e200-fmnist --resume": (
         TINY_FMNIST,

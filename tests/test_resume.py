@@ -23,7 +23,7 @@ SETTINGS = {
     "rounds": ROUNDS,
     "model.name": "mlp",
     "algorithm.name": "ifca",
-    "training.local_epochs": 4,  # rounds of about a second: a fault can land inside one
+    "training.local_epochs": 16,  # rounds of about a second: a fault can land inside one
 }
 
 
