@@ -139,7 +139,10 @@ class RoundLoop:
         self.assignment_history: list[tuple[int, np.ndarray]] = []
         # None where the clients keep their evaluations apart from the server (their side
         # judges them, runtime.client_side): the driver adds the metrics to the rows
-        self.judge: Judge | None = Judge.of_run(self.true_clusters, cfg)
+        # training.eval_clients' cohort, drawn once: the clients every evaluation plans for
+        self.eval_cohort = evaluation_cohort(cfg, self.num_clients)
+        patience = cfg.training.early_stop_patience
+        self.judge: Judge | None = Judge(self.true_clusters, patience, cohort=self.eval_cohort)
 
     @property
     def num_clients(self) -> int:
@@ -274,10 +277,10 @@ class RoundLoop:
 
     def evaluate(self) -> list[EvalReport]:
         """The clients' scores; none where they keep them apart (``judge`` is None)."""
-        cohort = evaluation_cohort(self.cfg, self.num_clients)  # the judge's, clients apart too
-        if cohort is None:
+        if self.eval_cohort is None:
             return self._run("evaluate", self.algorithm.plan_evaluation(self.state))
-        return self._run("evaluate", self.algorithm.plan_evaluation(self.state, clients=cohort))
+        plan = self.algorithm.plan_evaluation(self.state, clients=self.eval_cohort)
+        return self._run("evaluate", plan)
 
     def snapshot(self) -> bytes:
         """A checkpoint's part: everything that changes between rounds, as data
