@@ -93,3 +93,9 @@ class DPGroup(IFCA):
         assigned = self.updated_assignments(state, reports)
         metrics = self.cluster_metrics(assigned, len(models))
         return ServerResult(ClusterState(models, assigned, state.info), metrics)
+
+    def evaluates_by_choice(self, state: ClusterState) -> bool:
+        """Every judged client takes the hypothesis with the lowest loss on its own data, as
+        the paper's validation users do (App. B.1, B.3): the server's record of last choices
+        has none for a client never sampled (``training.held_out_clients``: none ever is)."""
+        return True

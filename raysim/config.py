@@ -249,7 +249,7 @@ class ModelConfig(ConfigModel):
     model_config = ConfigDict(extra="allow", validate_assignment=True)
     name: str = Field(
         "cnn",
-        description="The model: cnn, mlp, linear, resnet18, vit, cnn_lora, vit_lora, or "
+        description="The model: cnn, galli_cnn, mlp, linear, resnet18, vit, cnn_lora, vit_lora, or "
         "module:Name for one of your own (a class or function taking (input_shape, "
         "num_classes, **kwargs)). Its keyword arguments are further model.* keys.",
     )
@@ -609,11 +609,21 @@ class TrainingConfig(_Section):
         "seed, its mean accuracy given with a 95% confidence interval (a million clients "
         "cannot all be judged every time); null: every client.",
     )
+    held_out_clients: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Share of the population kept out of training and judged at every "
+        "evaluation instead of the training clients (validation on held-out clients, as in "
+        "Galli et al.): drawn once from the run's seed, never trained, so what the metrics and "
+        "early_stop_patience read is how the models do on clients they never saw; null: every "
+        "client trains and is judged.",
+    )
     early_stop_patience: int | None = Field(
         None,
         gt=0,
-        description="Stop when the clients' mean test loss has not improved for this many "
-        "evaluations (null: never).",
+        description="Stop when the judged clients' mean test loss has not improved for this "
+        "many evaluations (null: never).",
     )
     regression_loss: Literal["mse", "rmse"] = Field(
         "mse",
@@ -858,6 +868,16 @@ class ExperimentConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _held_out_leaves_both(self) -> ExperimentConfig:
+        share, n = self.training.held_out_clients, self.data.num_clients
+        if share is not None and not 1 <= held_out_count(share, n) < n:
+            raise ValueError(
+                f"training.held_out_clients={share} of data.num_clients={n} holds out "
+                f"{held_out_count(share, n)} clients: at least one must be held out and one train"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _rmse_without_dp_sgd(self) -> ExperimentConfig:
         if self.training.regression_loss == "rmse" and self.privacy.mode == "sample":
             raise ValueError(
@@ -877,6 +897,11 @@ class ExperimentConfig(_Section):
                 f"{1 / self.data.num_clients:.3g} for client-level DP"
             )
         return self
+
+
+def held_out_count(share: float, num_clients: int) -> int:
+    """How many clients ``training.held_out_clients`` keeps out of training."""
+    return round(share * num_clients)
 
 
 def dotted(d: Any, prefix: str = "") -> dict[str, Any]:

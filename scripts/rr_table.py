@@ -22,14 +22,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import sys
-import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from grid_runs import run_all
 
 ROOT = Path(__file__).resolve().parents[1]
 MODE_LABEL = {
@@ -52,26 +50,6 @@ def tag(setup: str, eps: float, mode: str, B: int) -> str:
     return f"{setup}-eps{eps:g}-{mode}-B{B}"
 
 
-def one_run(setup: str, sets: list[str], run_dir: str) -> tuple[str, float, float]:
-    """One run in this (worker) process: one torch thread, the CPU, no Ray. Returns its
-    directory, wall seconds and CPU seconds (preparation included: data, calibration)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-
-    torch.set_num_threads(1)
-    from algorithms import Environment, get_algorithm
-    from raysim.config import load_config
-    from raysim.engine.experiment import prepare
-    from raysim.metrics.results import write_results
-    from raysim.runtime.inline import run_inline
-
-    t0, c0 = time.perf_counter(), time.process_time()
-    cfg = load_config(ROOT / "configs" / f"rr_fmnist_{setup}.yaml", sets)
-    prep = prepare(cfg, get_algorithm(cfg.algorithm.name), Environment)
-    write_results(Path(run_dir), prep, run_inline(prep, device="cpu"))
-    return run_dir, time.perf_counter() - t0, time.process_time() - c0
-
-
 def grid(args: argparse.Namespace) -> list[tuple[str, str, list[str], str]]:
     out = []
     for setup, eps, mode, B, seed in itertools.product(
@@ -92,15 +70,10 @@ def grid(args: argparse.Namespace) -> list[tuple[str, str, list[str], str]]:
 
 
 def run_grid(args: argparse.Namespace) -> None:
-    todo = [g for g in grid(args) if not (Path(g[3]) / "summary.json").exists()]
-    print(f"rr_table: {len(todo)} runs to do, {args.jobs} at once", file=sys.stderr)
-    t0 = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(one_run, setup, sets, d) for _, setup, sets, d in todo]
-        for i, fut in enumerate(as_completed(futures), 1):
-            d, secs, cpu = fut.result()
-            print(f"[{i}/{len(todo)}] {d}: {secs:.0f} s wall, {cpu:.0f} s CPU", file=sys.stderr)
-    print(f"rr_table: all runs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    config = str(ROOT / "configs" / "rr_fmnist_{}.yaml")
+    run_all(
+        [(config.format(setup), sets, d) for _, setup, sets, d in grid(args)], args.jobs, "rr_table"
+    )
 
 
 # ------------------------------------------------------------------------------- the table

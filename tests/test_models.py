@@ -94,7 +94,7 @@ def test_resnet18_groupnorm_is_opacus_valid():
 
 @pytest.mark.parametrize("name", [n for n in MODELS if n != "resnet18"])
 def test_small_models_are_opacus_valid(name):
-    image = name in ("cnn", "vit", "cnn_lora", "vit_lora")
+    image = name in ("cnn", "galli_cnn", "vit", "cnn_lora", "vit_lora")
     shape = (1, 28, 28) if image else (20,)
     kwargs = {"base": "random"} if name.endswith("_lora") else {}  # no pretraining here
     assert ModuleValidator.validate(build_model(name, shape, 10, **kwargs), strict=False) == []
@@ -127,3 +127,17 @@ def test_flat_roundtrip_in_place():
 def test_unknown_model():
     with pytest.raises(ValueError, match="allowed"):
         build_model("vgg", (3, 32, 32), 10)
+
+
+def test_galli_cnn_has_the_layers_of_table_3():
+    """Conv 2x2 (32), conv 2x2 (64), max-pool 2, dense 128, dense classes, no padding: on
+    28x28 the features are 64 * 13 * 13 = 10,816."""
+    m = build_model("galli_cnn", (1, 28, 28), 62)
+    convs = [x for x in m.modules() if isinstance(x, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size, c.padding) for c in convs] == [
+        (32, (2, 2), (0, 0)),
+        (64, (2, 2), (0, 0)),
+    ]
+    assert m.fc1.in_features == 10_816 and m.fc2.out_features == 62
+    assert num_params(m) == 1_400_990
+    assert m(torch.zeros(3, 784)).shape == (3, 62)

@@ -182,10 +182,12 @@ def check_supports(cfg: ExperimentConfig, algorithm_cls: Any) -> None:
     from raysim.privacy.modes import mode_class
 
     plan_evaluation = getattr(algorithm_cls, "plan_evaluation", None)
-    if cfg.training.eval_clients is not None and plan_evaluation is not None:
+    t = cfg.training
+    cohort_key = "eval_clients" if t.eval_clients is not None else "held_out_clients"
+    if getattr(t, cohort_key) is not None and plan_evaluation is not None:
         if "clients" not in inspect.signature(plan_evaluation).parameters:
             raise ConfigError(
-                f"training.eval_clients: algorithm {algorithm_cls.name!r} plans every client's "
+                f"training.{cohort_key}: algorithm {algorithm_cls.name!r} plans every client's "
                 "evaluation (its plan_evaluation takes no clients); leave it null"
             )
     allowed = getattr(algorithm_cls, "privacy_modes", ())

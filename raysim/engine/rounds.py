@@ -33,6 +33,7 @@ from raysim.metrics.evaluation import (
     clustering_metrics,
     evaluation_cohort,
     grouping_metrics,
+    held_out_clients,
 )
 from raysim.privacy.metric_ledger import MetricLedger
 from raysim.privacy.modes.secure import secure_noise_rng
@@ -140,6 +141,7 @@ class RoundLoop:
         # None where the clients keep their evaluations apart from the server (their side
         # judges them, runtime.client_side): the driver adds the metrics to the rows
         # training.eval_clients' cohort, drawn once: the clients every evaluation plans for
+        self.held_out = held_out_clients(cfg, self.num_clients)  # never trained
         self.eval_cohort = evaluation_cohort(cfg, self.num_clients)
         patience = cfg.training.early_stop_patience
         self.judge: Judge | None = Judge(self.true_clusters, patience, cohort=self.eval_cohort)
@@ -171,6 +173,7 @@ class RoundLoop:
         plan = algo.plan_round(self.state, r, numpy_rng(seed, r, SERVER, "plan"))
         plan.round = r
         mode.stamp(plan)
+        self._hold_out(plan)
         dropped = self._drop_out(plan)
         skipped = self._skip_over_cap(plan)
         reports = self._run("train", plan)
@@ -248,6 +251,17 @@ class RoundLoop:
             threading.Thread(
                 target=importlib.import_module, args=(ACCOUNTING,), daemon=True
             ).start()
+
+    def _hold_out(self, plan: RoundPlan) -> None:
+        """``training.held_out_clients`` leave every plan, even one that waits for all: they
+        are the clients the run is judged on, and never train. The held-out set is drawn
+        without the data, so this thins the planned cohort and its accounting stays valid and
+        conservative (as dropout's, ``privacy.sampling.unavailable``)."""
+        if self.held_out is None or not plan.tasks:
+            return
+        ids = np.fromiter((t.client_id for t in plan.tasks), dtype=np.int64, count=len(plan.tasks))
+        out = np.isin(ids, self.held_out)
+        plan.tasks = [t for t, held in zip(plan.tasks, out, strict=True) if not held]
 
     def _drop_out(self, plan: RoundPlan) -> int | None:
         """``training.client_dropout``: the sampled clients unavailable this round leave the plan

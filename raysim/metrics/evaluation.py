@@ -104,15 +104,31 @@ def diagnostics_summary(history: Sequence[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def evaluation_cohort(cfg: ExperimentConfig, num_clients: int) -> np.ndarray | None:
-    """The clients ``training.eval_clients`` judges, sorted: one cohort for the whole run, so
-    that evaluations compare (early stopping) on the same clients; None: every client. Drawn
-    from the run's seed (the server's: who is judged is public)."""
-    wanted = cfg.training.eval_clients
-    if wanted is None or wanted >= num_clients:
+def held_out_clients(cfg: ExperimentConfig, num_clients: int) -> np.ndarray | None:
+    """The clients ``training.held_out_clients`` keeps out of training, sorted (None: none).
+    Drawn once from the run's seed, whatever the clients' data (the server's draw: who is held
+    out is public), so holding them out is a thinning of every planned cohort, as dropout is."""
+    from raysim.config import held_out_count
+
+    share = cfg.training.held_out_clients
+    if share is None:
         return None
+    rng = numpy_rng(cfg.seed, 0, SERVER, "held_out")
+    return np.sort(rng.choice(num_clients, size=held_out_count(share, num_clients), replace=False))
+
+
+def evaluation_cohort(cfg: ExperimentConfig, num_clients: int) -> np.ndarray | None:
+    """The clients every evaluation judges, sorted: the held-out clients where there are some
+    (``training.held_out_clients``), else the population; of those, ``training.eval_clients``
+    drawn once, so that evaluations compare (early stopping) on the same clients. None: every
+    client. Drawn from the run's seed (the server's: who is judged is public)."""
+    held_out = held_out_clients(cfg, num_clients)
+    pool = held_out if held_out is not None else np.arange(num_clients)
+    wanted = cfg.training.eval_clients
+    if wanted is None or wanted >= len(pool):
+        return held_out
     rng = numpy_rng(cfg.seed, 0, SERVER, "eval_cohort")
-    return np.sort(rng.choice(num_clients, size=wanted, replace=False))
+    return np.sort(rng.choice(pool, size=wanted, replace=False))
 
 
 def sample_mean_ci95(values: np.ndarray, population: int) -> float:
@@ -136,7 +152,7 @@ def round_metrics(reports: Sequence[EvalReport], true_clusters: np.ndarray) -> d
         "accuracy_disparity": float(np.max(acc) - np.min(acc)),
         "loss_disparity": float(np.max(loss) - np.min(loss)),
     }
-    if len(reports) < len(true_clusters):  # a sampled evaluation cohort (training.eval_clients)
+    if len(reports) < len(true_clusters):  # a cohort: training.eval_clients, held_out_clients
         out["evaluated_clients"] = len(reports)
         out["accuracy_ci95"] = sample_mean_ci95(acc, len(true_clusters))
     for k in np.unique(truth):

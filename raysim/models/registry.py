@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from raysim.models.cnn import CNN
+from raysim.models.cnn import CNN, GalliCNN
 from raysim.models.lora_zoo import cnn_lora, vit_lora
 from raysim.models.mlp import MLP, Linear
 from raysim.models.resnet import ResNet18GN
@@ -16,6 +16,7 @@ from raysim.models.vit import ViT
 
 BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "cnn": CNN,
+    "galli_cnn": GalliCNN,
     "mlp": MLP,
     "linear": Linear,
     "resnet18": ResNet18GN,

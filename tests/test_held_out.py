@@ -1,0 +1,81 @@
+"""Held-out clients (``training.held_out_clients``, Galli et al.'s validation clients): drawn
+once from the run's seed, kept out of every training plan, even one that names them, and the
+only clients judged, on the server's side and on the clients' side of an untrusted server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import inline_run, small_config
+
+from algorithms import Environment
+from algorithms.dp_group import DPGroup
+from raysim.config import load_config
+from raysim.engine.experiment import prepare
+from raysim.metrics.evaluation import evaluation_cohort, held_out_clients
+from raysim.runtime.inline import inline_loop
+
+SETTINGS = {
+    "data.num_clients": 20,
+    "data.cluster_sizes": "[10, 10]",
+    "model.name": "linear",
+    "training.held_out_clients": 0.25,
+}
+
+
+@pytest.mark.parametrize(
+    "privacy",
+    [
+        {"privacy.mode": "none"},
+        # an untrusted server: the clients' side judges, and checks the cohort is the run's
+        {"privacy.mode": "distributed", "privacy.epsilon": 8, "privacy.delta": 1e-3},
+    ],
+)
+def test_held_out_clients_never_train_and_are_the_ones_judged(tmp_path, privacy: dict) -> None:
+    """fedavg at sampling rate 1 plans every client each round, the held-out ones too: the
+    engine takes them out, so they never report, and they alone have an accuracy."""
+    settings = {**SETTINGS, **privacy}
+    metrics = inline_run(tmp_path, settings)
+    held = held_out_clients(load_config(None, small_config(**settings)), 20)
+    assert held is not None and len(held) == 5
+
+    clients = pq.read_table(tmp_path / "clients.parquet").to_pandas().set_index("client_id")
+    judged = clients.index[clients["accuracy"].notna()].to_numpy()
+    assert np.array_equal(judged, held)
+    assert (clients.loc[held, "rounds_reported"] == 0).all()
+    assert (clients.drop(index=held)["rounds_reported"] == 2).all()
+    assert (metrics["participants"] == 15).all()
+    last = metrics.iloc[-1]
+    assert last["evaluated_clients"] == 5
+    assert np.isclose(clients.loc[held, "accuracy"].mean(), last["accuracy"])
+
+
+def test_the_held_out_set_depends_on_the_seed_and_eval_clients_samples_it() -> None:
+    def cfg(*sets: str):
+        return load_config(None, small_config(**SETTINGS) + list(sets))
+
+    a, b = held_out_clients(cfg("seed=0"), 20), held_out_clients(cfg("seed=1"), 20)
+    assert not np.array_equal(a, b)
+    assert np.array_equal(evaluation_cohort(cfg("seed=0"), 20), a)
+    cohort = evaluation_cohort(cfg("seed=0", "training.eval_clients=3"), 20)
+    assert len(cohort) == 3 and set(cohort) <= set(a)
+
+
+def test_a_share_that_holds_out_no_client_is_refused_naming_the_field() -> None:
+    with pytest.raises(Exception, match=r"training\.held_out_clients=0\.01 .* holds out 0"):
+        load_config(None, small_config(**{**SETTINGS, "training.held_out_clients": 0.01}))
+
+
+def test_dp_group_judges_each_client_on_the_hypothesis_it_chooses() -> None:
+    """A held-out client was never sampled: the server's record of choices has nothing for it
+    (it would read cluster 0). Algorithm 1's validation users choose by loss, so every judged
+    client does."""
+    sets = [*small_config(**SETTINGS), "algorithm.name=dp_group", "algorithm.init=model"]
+    cfg = load_config(None, [*sets, "privacy.mode=dprivacy", "privacy.nu=5"])
+    loop = inline_loop(prepare(cfg, DPGroup, Environment))
+    loop.step()
+    assert loop.state.assigned is not None  # the server knows the trained clients' choices
+    plan = loop.algorithm.plan_evaluation(loop.state, clients=loop.eval_cohort)
+    assert [t.client_id for t in plan.tasks] == loop.eval_cohort.tolist()
+    assert all(t.extra.get("select") for t in plan.tasks)
