@@ -230,8 +230,9 @@ class ClusteredAlgorithm(FederatedAlgorithm):
     # -- evaluation --------------------------------------------------------------------------
     def evaluates_by_choice(self, state: ClusterState) -> bool:
         """Whether clients are judged on the model they would choose (IFCA's inference) rather
-        than on the server's assignment: where the server does not know the choices."""
-        return state.assigned is None
+        than on the server's assignment: where the server does not know the choices, or the
+        judged clients never train (``training.held_out_clients``: no assignment is theirs)."""
+        return state.assigned is None or self.cfg.training.held_out_clients is not None
 
     def plan_evaluation(
         self, state: ClusterState, clients: Sequence[int] | None = None

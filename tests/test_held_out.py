@@ -79,3 +79,16 @@ def test_dp_group_judges_each_client_on_the_hypothesis_it_chooses() -> None:
     plan = loop.algorithm.plan_evaluation(loop.state, clients=loop.eval_cohort)
     assert [t.client_id for t in plan.tasks] == loop.eval_cohort.tolist()
     assert all(t.extra.get("select") for t in plan.tasks)
+
+
+def test_ifca_judges_held_out_clients_on_the_model_they_choose() -> None:
+    """IFCA judges a client on its server-recorded choice; a held-out client has none."""
+    from algorithms.ifca import IFCA
+
+    sets = [*small_config(**SETTINGS), "algorithm.name=ifca", "algorithm.num_clusters=2"]
+    for held, selects in ((0.25, True), (None, False)):
+        cfg = load_config(None, [*sets, f"training.held_out_clients={held or 'null'}"])
+        loop = inline_loop(prepare(cfg, IFCA, Environment))
+        loop.step()
+        plan = loop.algorithm.plan_evaluation(loop.state, clients=[0, 1])
+        assert all(bool(t.extra.get("select")) is selects for t in plan.tasks)
