@@ -2,7 +2,7 @@
 offline setting: ``configs/galli_fmnist_rotation.yaml`` at each nu and seed, in-process.
 
     python scripts/galli_nu_table.py [--out results/galli-fmnist-rotation] [--jobs 2]
-        [--nus 0,0.001,0.01,0.1,1,3] [--seeds 0,1,2] [--set KEY=VALUE ...] [--report-only]
+        [--nus 0,0.001,0.01,0.1,1,3,5,10] [--seeds 0,1,2] [--set KEY=VALUE ...] [--report-only]
 
 nu = 0 is the same algorithm without noise (privacy.mode=none). Each run is written as a result
 directory OUT/nuNU/seedS (a finished run is skipped, so the script resumes); the table
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--nus",
         type=lambda s: [float(x) for x in s.split(",")],
-        default=[0.0, 0.001, 0.01, 0.1, 1.0, 3.0],
+        default=[0.0, 0.001, 0.01, 0.1, 1.0, 3.0, 5.0, 10.0],
     )
     ap.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
