@@ -47,6 +47,7 @@ def committed_runs() -> list[Path]:
 SCRIPT_TABLES = {
     "galli-synthetic": ("scripts/galli_synthetic.py", "docs/results/group-privacy.md"),
     "galli-fmnist-rotation": ("scripts/galli_nu_table.py", "docs/results/group-privacy.md"),
+    "ifca-ablation": ("scripts/ifca_ablation.py", "docs/results/rdpcfl.md"),
 }
 
 
