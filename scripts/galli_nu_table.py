@@ -78,7 +78,7 @@ def _ms(vals: list[float], scale: float = 100.0) -> str:
     if not vals:
         return "-"
     v = np.asarray(vals) * scale
-    return f"{v.mean():.1f} ± {v.std():.1f}"
+    return f"{v[0]:.1f}" if len(v) == 1 else f"{v.mean():.1f} ± {v.std():.1f}"
 
 
 def table(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
