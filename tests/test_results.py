@@ -49,6 +49,7 @@ SCRIPT_TABLES = {
     "galli-synthetic": ("scripts/galli_synthetic.py", "docs/results/group-privacy.md"),
     "galli-fmnist-rotation": ("scripts/galli_nu_table.py", "docs/results/group-privacy.md"),
     "ifca-ablation": ("scripts/ifca_ablation.py", "docs/results/rdpcfl.md"),
+    "pina-fmnist-rotation": ("scripts/pina_table.py", "docs/results/pina.md"),
 }
 
 
@@ -121,3 +122,20 @@ def test_report_only_reads_every_committed_run(folder, tmp_path, capsys):
         return path.read_text().split("\nNot in the table")[0]
 
     assert table(out / "compare.md") == table(RESULTS / folder / "compare.md")
+
+
+def test_pina_table_is_made_from_its_committed_runs(tmp_path):
+    """scripts/pina_table.py --report-only on a copy of its runs writes the committed table.md
+    again, word for word (so that table is those runs', not edited by hand)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pina_table", REPO / "scripts/pina_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "pina"
+    shutil.copytree(RESULTS / "pina-fmnist-rotation", out)
+    (out / "table.md").unlink()
+    assert module.main(["--report-only", "--out", str(out)]) == 0
+    committed = (RESULTS / "pina-fmnist-rotation" / "table.md").read_text()
+    assert (out / "table.md").read_text() == committed
+    assert "## PINA's ablations at eps = 8" in committed
