@@ -219,12 +219,12 @@ class ClusteredAlgorithm(FederatedAlgorithm):
             return np.full(self.env.num_clients, self.unassigned, dtype=np.int64)
         return state.assigned.copy()
 
-    unassigned = 0  # the cluster a client that never reported counts as
+    unassigned = -1  # a client that never reported: the server has no cluster for it
 
     def cluster_metrics(self, assigned: np.ndarray | None, num_clusters: int) -> dict[str, Any]:
         if assigned is None:
             return {}
-        sizes = cluster_sizes(assigned, num_clusters)
+        sizes = cluster_sizes(assigned[assigned >= 0], num_clusters)
         return {"clusters_nonempty": sum(s > 0 for s in sizes), "cluster_size_min": min(sizes)}
 
     # -- evaluation --------------------------------------------------------------------------
@@ -237,14 +237,16 @@ class ClusteredAlgorithm(FederatedAlgorithm):
     def plan_evaluation(
         self, state: ClusterState, clients: Sequence[int] | None = None
     ) -> RoundPlan:
-        if self.evaluates_by_choice(state):
-            tasks = [self.task(c, cluster=0, select=True) for c in self.evaluated(clients)]
-            return RoundPlan(tasks, state.models)
-        assigned = state.assigned
-        tasks = [
-            self.task(c, cluster=0 if assigned is None else int(assigned[c]))
-            for c in self.evaluated(clients)
-        ]
+        """Each client on its assigned model; a client the server has no cluster for (never
+        reported) on the model it would choose, as IFCA infers a new client's cluster."""
+        by_choice = self.evaluates_by_choice(state)
+        tasks = []
+        for c in self.evaluated(clients):
+            cluster = -1 if by_choice else int(state.assigned[c])
+            if cluster < 0:
+                tasks.append(self.task(c, cluster=0, select=True))
+            else:
+                tasks.append(self.task(c, cluster=cluster))
         return RoundPlan(tasks, state.models)
 
     def shared_evaluation_model(self, task: ClientTask) -> int | None:
@@ -261,4 +263,12 @@ class ClusteredAlgorithm(FederatedAlgorithm):
         return super().client_evaluate(task, ctx)
 
     def assignments(self, state: ClusterState) -> np.ndarray | None:
-        return None if state.assigned is None else np.asarray(state.assigned)
+        """The server's assignment for the engine's ARI, a client it has none for counted in
+        cluster 0 (the score needs a label for every client)."""
+        return None if state.assigned is None else np.maximum(state.assigned, 0)
+
+    @staticmethod
+    def trained_cluster(assigned: np.ndarray, client: int) -> int:
+        """The model a client trains after the selection window: its last choice, model 0
+        where it never chose (a choice after the window would be a release the plan lacks)."""
+        return max(int(assigned[client]), 0)

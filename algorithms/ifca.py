@@ -81,7 +81,7 @@ class SelectionRounds:
         if self.may_select(round) or state.assigned is None:
             tasks = [algo.selecting_task(c) for c in cohort]
         else:  # after the selection window: keep the last choice
-            tasks = [algo.task(c, cluster=int(state.assigned[c])) for c in cohort]
+            tasks = [algo.task(c, cluster=algo.trained_cluster(state.assigned, c)) for c in cohort]
         return RoundPlan(tasks, state.models)
 
 

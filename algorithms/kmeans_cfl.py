@@ -81,7 +81,7 @@ class KMeansCFL(ClusteredAlgorithm):
         feats = prepare_features(np.stack([r.update.reshape(-1).double().numpy() for r in reports]))
         labels = kmeans(feats, m, seed, self.params.kmeans_n_init)
         ids = np.array([r.client_id for r in reports])
-        labels = match_labels(assigned[ids], labels, m)
+        labels = match_labels(np.maximum(assigned[ids], 0), labels, m)
         assigned[ids] = labels
         models = []
         for k, model in enumerate(state.models):

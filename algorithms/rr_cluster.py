@@ -367,13 +367,8 @@ class RRCluster(ClusteredAlgorithm):
         out["rebalance_moved"] = moved
         return out
 
-    unassigned = -1  # never sampled: no cluster yet (left out of clustering accuracy)
-
     def evaluates_by_choice(self, state: ClusterState) -> bool:
         return True  # most clients were never sampled: the server has no assignment for them
-
-    def assignments(self, state: ClusterState) -> np.ndarray | None:
-        return None if state.assigned is None else np.maximum(state.assigned, 0)
 
     def round_grouping(self, state: ClusterState) -> Grouping | None:
         """The last round's grouping, for the engine's truth-dependent diagnostics."""

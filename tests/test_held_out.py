@@ -92,3 +92,38 @@ def test_ifca_judges_held_out_clients_on_the_model_they_choose() -> None:
         loop.step()
         plan = loop.algorithm.plan_evaluation(loop.state, clients=[0, 1])
         assert all(bool(t.extra.get("select")) is selects for t in plan.tasks)
+
+
+def test_ifca_judges_a_client_never_sampled_on_the_model_it_would_choose() -> None:
+    """Under partial participation the server's record has no cluster for a client that never
+    reported: it is judged as IFCA infers a new client's cluster (by its own train loss), not
+    on model 0, and after the selection window it trains model 0 (a choice would be a release
+    its plan lacks); the clients that reported are judged on their recorded choice."""
+    from algorithms.ifca import IFCA
+
+    sets = [
+        *small_config(**{**SETTINGS, "training.held_out_clients": "null"}),
+        "algorithm.name=ifca",
+        "algorithm.num_clusters=2",
+        "training.sampling_rate=0.2",
+        "algorithm.selection_fraction=0.5",
+        "rounds=4",
+    ]
+    loop = inline_loop(prepare(load_config(None, sets), IFCA, Environment))
+    loop.step()
+    assigned = loop.state.assigned
+    reported = assigned >= 0
+    assert 0 < reported.sum() < len(assigned)  # some clients chose, some were never sampled
+    plan = loop.algorithm.plan_evaluation(loop.state)
+    for t in plan.tasks:
+        if reported[t.client_id]:
+            assert not t.extra.get("select") and t.cluster == assigned[t.client_id]
+        else:
+            assert t.extra.get("select")
+    assert np.array_equal(loop.algorithm.assignments(loop.state), np.maximum(assigned, 0))
+    sizes = loop.history[-1]
+    assert sizes["cluster_size_min"] >= 0 and sizes["clusters_nonempty"] >= 1
+    after_window = loop.algorithm.plan_round(loop.state, 4, np.random.default_rng(1))
+    for t in after_window.tasks:
+        assert not t.extra.get("select")
+        assert t.cluster == max(int(assigned[t.client_id]), 0)
