@@ -418,11 +418,12 @@ def _serve_clients(
 ) -> None:
     import signal
 
-    from raysim.runtime.worker import ClientWorker
-
     # Ctrl-C reaches the whole process group: the server's process handles it (marks its run
-    # interrupted) and closes this one, which must not print a traceback of its own
+    # interrupted) and closes this one, which must not print a traceback of its own; first,
+    # before the imports below, which take seconds and which a Ctrl-C would interrupt
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    from raysim.runtime.worker import ClientWorker
 
     side = ClientSide(key, {}, (), snapshots, client_seed, secure, judge)
     worker = ClientWorker(*worker_args, client_side=(side, key))
