@@ -699,3 +699,30 @@ def test_a_checkpoint_of_the_servers_clients_continues_with_them_apart():
     assert (clients.judge.best_loss, clients.judge.stale) == (0.5, 1)
     assert seed == 5 == clients_seed_of(blob, 5)
     assert kept_apart(blob, run_seed=9) is blob  # already apart: as it is
+
+
+def test_the_clients_process_ends_quietly_when_the_server_stopped_mid_round(monkeypatch):
+    """`kill` of an inline run's process (or a Ctrl-C it takes longer than its wait to finish)
+    leaves the clients' process in a round: its reply then meets a closed pipe, and it ends
+    without a traceback of its own (the run's status says it was interrupted)."""
+    import multiprocessing
+
+    from raysim.runtime import client_side
+
+    server, clients = multiprocessing.Pipe()
+
+    class Working:  # the round the clients' process is in when the server goes
+        def __init__(self, *args, **kwargs) -> None:
+            self.device = "cpu"
+
+        def run(self, *args):
+            server.close()
+            return []
+
+    monkeypatch.setattr("raysim.runtime.worker.ClientWorker", Working)
+    server.send(("run", ("train", 1, None, [])))
+    ctrl_c = signal.getsignal(signal.SIGINT)
+    try:
+        assert client_side._serve_clients(clients, b"key", (), False, 0, None, None) is None
+    finally:
+        signal.signal(signal.SIGINT, ctrl_c)

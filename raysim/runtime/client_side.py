@@ -444,6 +444,10 @@ def _serve_clients(
         if op == "stop":
             return
         try:
-            conn.send((True, ops[op](*args)))
+            reply = (True, ops[op](*args))
         except Exception as exc:  # the server's process raises it
-            conn.send((False, exc))
+            reply = (False, exc)
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, ConnectionResetError):  # the server's process stopped (Ctrl-C,
+            return  # `kill`) while this one worked: nothing is waiting for the reply
