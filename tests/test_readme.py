@@ -97,12 +97,12 @@ CASES: dict[str, tuple[list[str], bool]] = {
     "--set training.sampling_rate=0.001 --set privacy.noise_cohort_size=10000 "
     "--set privacy.population=1000000": (TINY_POPULATION, True),
     "raysim compare configs/rdpcfl_fmnist_rotation.yaml --inline --jobs 2 --algorithms rdpcfl "
-    "--seeds 0,1 --set training.eval_every=10 --out results/e200-fmnist --resume": (
+    "--seeds 0,1,2 --set training.eval_every=10 --out results/e200-fmnist --resume": (
         TINY_FMNIST,
         True,
     ),
     "raysim compare configs/rdpcfl_fmnist_rotation.yaml --inline --jobs 2 "
-    "--algorithms ifca,fedavg,local --seeds 0,1 --set training.eval_every=10 "
+    "--algorithms ifca,fedavg,local --seeds 0,1,2 --set training.eval_every=10 "
     "--set algorithm.num_clusters=4 --out results/e200-fmnist --resume": (TINY_FMNIST, True),
     "raysim compare configs/rdpcfl_fmnist_rotation.yaml --algorithms rdpcfl,ifca,local,fedavg "
     "--seeds 0,1,2,3 --set rounds=18 --inline": (TINY_FMNIST, True),
