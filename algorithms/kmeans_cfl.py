@@ -81,6 +81,7 @@ class KMeansCFL(ClusteredAlgorithm):
         feats = prepare_features(np.stack([r.update.reshape(-1).double().numpy() for r in reports]))
         labels = kmeans(feats, m, seed, self.params.kmeans_n_init)
         ids = np.array([r.client_id for r in reports])
+        # a client never reported (-1) counts as cluster 0 here, as it did before it was marked
         labels = match_labels(np.maximum(assigned[ids], 0), labels, m)
         assigned[ids] = labels
         models = []

@@ -121,8 +121,10 @@ def test_ifca_judges_a_client_never_sampled_on_the_model_it_would_choose() -> No
         else:
             assert t.extra.get("select")
     assert np.array_equal(loop.algorithm.assignments(loop.state), np.maximum(assigned, 0))
-    sizes = loop.history[-1]
-    assert sizes["cluster_size_min"] >= 0 and sizes["clusters_nonempty"] >= 1
+    sizes = np.bincount(assigned[reported], minlength=2)  # the reported clients only
+    row = loop.history[-1]
+    assert row["cluster_size_min"] == sizes.min()
+    assert row["clusters_nonempty"] == (sizes > 0).sum()
     after_window = loop.algorithm.plan_round(loop.state, 4, np.random.default_rng(1))
     for t in after_window.tasks:
         assert not t.extra.get("select")
