@@ -15,9 +15,24 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import pytest  # noqa: E402
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """pytest-xdist's workers for ``-n auto`` (pyproject.toml's addopts). The default run's
+    tests wait on subprocesses and Ray for ~40% of their time on 2 cores, so two workers at
+    least; four at most, as each starts its own Ray and holds torch (~1 GB). None (0) for the
+    slow tests, which are timed one at a time, and for tests named one by one (``a::b``)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    if config.option.markexpr != "not slow" or any("::" in a for a in config.args):
+        return 0
+    return max(2, min(4, os.cpu_count() or 1))
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Fork the zygote before collection imports Ray, outside pytest's capture of fds 1 and 2
-    (a zygote forked with them held crashed its workers: "Object ... was not stored")."""
+    """Byte-compile the sources once, then fork the zygote before collection imports Ray,
+    outside pytest's capture of fds 1 and 2 (a zygote forked with them held crashed its
+    workers: "Object ... was not stored"). Under pytest-xdist each worker forks its own."""
+    if not hasattr(config, "workerinput"):  # the controller (or the only process)
+        _compile_sources()
     from raysim.engine import zygote
 
     capman = config.pluginmanager.getplugin("capturemanager")
@@ -26,6 +41,18 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     with capman.global_and_fixture_disabled():
         zygote.fork_here()
+
+
+def _compile_sources() -> None:
+    """Where PYTHONDONTWRITEBYTECODE is set (on the development machine it is), every process
+    the suite starts (the CLI's, a run's prepare child) would compile raysim's sources again,
+    ~0.5 CPU-s each; compiled once here, they are read from __pycache__."""
+    import compileall
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for package in ("raysim", "algorithms", "tune"):
+        compileall.compile_dir(root / package, quiet=1)
 
 
 RAY_TIMEOUT_S = 180
