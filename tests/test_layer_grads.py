@@ -38,6 +38,21 @@ class Odd(nn.Module):
         return self.head(t.mean(1))
 
 
+class Grey(nn.Module):
+    """Two convolutions of one input channel on the same input (the case the rules fold in
+    channels-last memory): a rectangular kernel with unequal padding, and a strided one."""
+
+    def __init__(self):
+        super().__init__()
+        self.rect = nn.Conv2d(1, 3, (3, 2), padding=(1, 0))
+        self.strided = nn.Conv2d(1, 2, 3, stride=2)
+        self.head = nn.Linear(3 * 9 * 8 + 2 * 4 * 4, 3)
+
+    def forward(self, x):
+        a, b = torch.tanh(self.rect(x)), torch.tanh(self.strided(x))
+        return self.head(torch.cat([a.flatten(1), b.flatten(1)], 1))
+
+
 class Hidden(nn.Module):
     """fc2's weight is also used outside fc2's call: invisible to the layer rules."""
 
@@ -69,6 +84,7 @@ CASES = {
     "cnn": (lambda: build_model("cnn", (1, 12, 12), 5, seed=1), (1, 12, 12), 5),
     "mlp": (lambda: build_model("mlp", (20,), 4, seed=1), (20,), 4),
     "odd": (lambda: Odd(), (2, 9, 9), 3),
+    "grey": (lambda: Grey(), (1, 9, 9), 3),
     "cnn_lora": (
         lambda: apply_lora(build_model("cnn", (1, 12, 12), 5, seed=1), ["conv2", "fc"], 2, 4.0),
         (1, 12, 12),
