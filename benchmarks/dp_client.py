@@ -7,11 +7,11 @@ alternating, and then splits each one's time by operator (torch.profiler, self t
 the forward and backward convolutions, the per-sample weight gradients (the convolutions with
 the batch folded into the groups), pooling and ReLU, the noise, the norms and sums of clipping,
 and the rest. Machines differ by several times: compare only the ratio and the shares. The
-process keeps glibc's malloc defaults (a worker keeps what a step frees:
-``raysim.runtime.worker.keep_freed_memory``), so a step here may fault in pages a worker's does
-not.
+process is set up as a worker is (``raysim.runtime.worker``: the torch and BLAS threads, and
+glibc's malloc keeping what a step frees); ``--malloc-defaults`` keeps glibc's defaults instead,
+under which a step faults in again the buffers the one before freed.
 
-    python benchmarks/dp_client.py [--clients 40] [--reps 5] [--threads 1]
+    python benchmarks/dp_client.py [--clients 40] [--reps 5] [--threads 1] [--malloc-defaults]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from torch.profiler import profile
 from raysim.config import load_config
 from raysim.data import build_federated_dataset
 from raysim.models import build_model, flat_params
+from raysim.runtime.worker import fixed_threads, keep_freed_memory
 from raysim.training import LocalTrainer, TrainConfig
 
 CONFIG = "configs/bench_w.yaml"
@@ -77,8 +78,14 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=40)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="torch threads (a worker's: 1)")
+    p.add_argument(
+        "--malloc-defaults",
+        action="store_true",
+        help="keep glibc's malloc defaults (a worker keeps the memory a step frees)",
+    )
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    fixed_threads(args.threads)
+    kept = not args.malloc_defaults and keep_freed_memory()
     cfg = load_config(CONFIG, [])
     ds = build_federated_dataset(cfg.data, cfg.seed)
     model = build_model("cnn", ds.feature_shape, ds.num_classes, seed=0)
@@ -103,7 +110,11 @@ def main() -> None:
         for k, c in runs.items():
             times[k].append(per_client(trainer, w, clients, c, 1000 * rep))
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    print(f"{args.clients} W clients, {args.threads} torch thread(s), median of {args.reps} passes")
+    malloc = "a worker's malloc settings" if kept else "glibc's malloc defaults"
+    print(
+        f"{args.clients} W clients, {args.threads} torch thread(s), {malloc}, "
+        f"median of {args.reps} passes"
+    )
     for k in runs:
         print(
             f"{k:7s} {med[k]:6.2f} ms/client (passes {min(times[k]) * 1e3:.2f}-"
